@@ -1,0 +1,121 @@
+//! The error type of every fallible operation in the crate.
+
+use std::error::Error;
+use std::fmt;
+
+/// An operand of a normalisation call other than the input array itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operand {
+    /// The per-feature gain `gamma`.
+    Gamma,
+    /// The per-feature shift `beta`.
+    Beta,
+    /// A caller-provided output array.
+    Output,
+}
+
+impl fmt::Display for Operand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operand::Gamma => "gamma",
+            Operand::Beta => "beta",
+            Operand::Output => "output",
+        })
+    }
+}
+
+/// Why a normalisation or statistics call was rejected.
+///
+/// Every check runs before any output is written or allocated, so an
+/// `Err` leaves in-place and output arrays untouched.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::array;
+/// use ndarray_layernorm::prelude::*;
+/// use ndarray_layernorm::Operand;
+///
+/// let x = array![[1.0_f64, 2.0, 3.0]];
+/// let err = x.layer_norm(&array![1.0, 1.0], &array![0.0, 0.0, 0.0], 1e-5).unwrap_err();
+/// assert_eq!(
+///     err,
+///     NormError::LengthMismatch { operand: Operand::Gamma, expected: 3, found: 2 }
+/// );
+/// assert_eq!(err.to_string(), "gamma has length 2, expected 3 (the length of the last axis)");
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum NormError {
+    /// `gamma` or `beta` does not have the length `d` of the last axis.
+    LengthMismatch {
+        /// Which operand has the wrong length.
+        operand: Operand,
+        /// The length of the input's last axis.
+        expected: usize,
+        /// The operand's length.
+        found: usize,
+    },
+    /// An array that must have the input's shape does not.
+    ShapeMismatch {
+        /// Which operand has the wrong shape.
+        operand: Operand,
+        /// The input's shape.
+        expected: Vec<usize>,
+        /// The operand's shape.
+        found: Vec<usize>,
+    },
+    /// The last axis has length 0, so a row has no mean or scale.
+    EmptyAxis,
+    /// The input has no axis at all (a 0-dimensional `IxDyn` array).
+    ZeroDimensional,
+    /// `eps` is negative, NaN or infinite. Stored widened to `f64`
+    /// (exact for `f32`).
+    InvalidEps {
+        /// The rejected value.
+        eps: f64,
+    },
+}
+
+impl NormError {
+    /// True for [`NormError::LengthMismatch`] and [`NormError::ShapeMismatch`].
+    pub fn is_shape_error(&self) -> bool {
+        matches!(
+            self,
+            NormError::LengthMismatch { .. } | NormError::ShapeMismatch { .. }
+        )
+    }
+}
+
+impl fmt::Display for NormError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NormError::LengthMismatch {
+                operand,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{operand} has length {found}, expected {expected} (the length of the last axis)"
+            ),
+            NormError::ShapeMismatch {
+                operand,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{operand} has shape {found:?}, expected {expected:?} (the shape of the input)"
+            ),
+            NormError::EmptyAxis => f.write_str("the last axis has length 0"),
+            NormError::ZeroDimensional => {
+                f.write_str("the input has no axis to normalise (0-dimensional array)")
+            }
+            NormError::InvalidEps { eps } => {
+                write!(f, "eps must be finite and non-negative, found {eps}")
+            }
+        }
+    }
+}
+
+impl Error for NormError {}

@@ -1,0 +1,300 @@
+//! LayerNorm along the last axis.
+
+use std::borrow::Cow;
+
+use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
+
+use crate::error::{NormError, Operand};
+use crate::kernel::{self, Affine};
+use crate::scalar::NormScalar;
+use crate::{check, rows, sealed};
+
+/// Layer normalisation of every vector along the last axis of an array.
+///
+/// For an array of shape `(…, d)`, each of its rows `x` of length `d` becomes
+///
+/// ```text
+///          xᵢ - x̄                      1   d             1   d
+/// yᵢ = ―――――――――――――― γᵢ + βᵢ,    x̄ = ―   ∑ xᵢ,   σ² = ―   ∑ (xᵢ - x̄)²
+///        √(σ² + eps)                   d  i=1            d  i=1
+/// ```
+///
+/// with the population variance (divide by `d`, not `d - 1`) and `eps`
+/// inside the root. The `_plain` forms leave out `γ` and `β` (as if
+/// `γ = 1, β = 0`) without building those vectors.
+///
+/// Implemented for [`ArrayRef`], so every owned array, view, `ArcArray` and
+/// `CowArray` of `f32` or `f64`, of any dimension and memory layout, has
+/// these methods. The trait is sealed.
+///
+/// # Accuracy
+///
+/// Statistics are accumulated in `f64` with a corrected two-pass algorithm
+/// and compensated sums; `mean(x²) - mean²` is never formed. An `f32`
+/// output is within one unit in the last place of the exactly rounded
+/// result; an `f64` output is within about 1e-15 of it (relative, or
+/// absolute in units of the row's standard deviation for outputs near 0),
+/// also for rows with a large common offset (`1e12 + noise`) and for rows
+/// whose squares overflow or underflow (`1e200`, `1e-200`). A row whose
+/// elements are all equal gives exactly `beta`, for every `eps ≥ 0`. A row
+/// holding a NaN or an infinity gives NaN in that row only. The result bits
+/// do not depend on the memory layout.
+pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
+    /// Returns the layer normalisation `(x - mean) / √(var + eps) · gamma + beta`
+    /// of every row, as a new array in standard (row-major) layout.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::LengthMismatch`] if `gamma` or `beta` does not have the
+    ///   length of the last axis.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[2.0_f64, 4.0, 6.0, 8.0]];
+    /// let gamma = array![2.0, 1.0, 1.0, 0.5];
+    /// let beta = array![0.0, 0.0, 1.0, 0.0];
+    /// let y = x.layer_norm(&gamma, &beta, 1e-5)?;
+    /// let expected = array![[-2.6833, -0.4472, 1.4472, 0.6708]];
+    /// assert!(y.abs_diff_eq(&expected, 5e-5));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm(
+        &self,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<Array<A, D>, NormError>;
+
+    /// Returns `(x - mean) / √(var + eps)` of every row (LayerNorm without
+    /// `gamma` and `beta`), as a new array in standard layout.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[3.0_f64, 4.0], [7.0, 7.0]];
+    /// let y = x.layer_norm_plain(0.0)?;
+    /// assert_eq!(y, array![[-1.0, 1.0], [0.0, 0.0]]);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError>;
+
+    /// Writes the layer normalisation of every row into `out`, which must
+    /// have the shape of `self` (any layout). Allocates nothing when the
+    /// rows of `self` and `out` are contiguous and `gamma`, `beta` are too.
+    ///
+    /// # Errors
+    ///
+    /// As [`layer_norm`](LayerNormExt::layer_norm), and
+    /// [`NormError::ShapeMismatch`] if `out` does not have the shape of
+    /// `self`. On error `out` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[1.0_f32, 2.0, 3.0]];
+    /// let mut out = Array2::zeros((1, 3));
+    /// x.layer_norm_into(&mut out, &array![1.0, 1.0, 1.0], &array![0.0, 0.0, 0.0], 1e-5)?;
+    /// assert!(out.abs_diff_eq(&array![[-1.22474, 0.0, 1.22474]], 1e-4));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm_into(
+        &self,
+        out: &mut ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(), NormError>;
+
+    /// Writes `(x - mean) / √(var + eps)` of every row into `out`, which
+    /// must have the shape of `self`.
+    ///
+    /// # Errors
+    ///
+    /// As [`layer_norm_plain`](LayerNormExt::layer_norm_plain), and
+    /// [`NormError::ShapeMismatch`] if `out` does not have the shape of
+    /// `self`. On error `out` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array1};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![3.0_f64, 4.0];
+    /// let mut out = Array1::zeros(2);
+    /// x.layer_norm_plain_into(&mut out, 0.0)?;
+    /// assert_eq!(out, array![-1.0, 1.0]);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError>;
+
+    /// Replaces every row by its layer normalisation. Allocates nothing
+    /// when the rows, `gamma` and `beta` are contiguous.
+    ///
+    /// # Errors
+    ///
+    /// As [`layer_norm`](LayerNormExt::layer_norm). On error the array is
+    /// left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let mut x = array![[2.0_f64, 2.0], [0.0, 4.0]];
+    /// x.layer_norm_inplace(&array![2.0, 1.0], &array![0.5, -0.5], 1e-5)?;
+    /// assert_eq!(x.row(0), array![0.5, -0.5]); // a constant row gives beta exactly
+    /// assert!(x.row(1).abs_diff_eq(&array![-1.5, 0.5], 1e-5));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm_inplace(
+        &mut self,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(), NormError>;
+
+    /// Replaces every row by `(x - mean) / √(var + eps)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`layer_norm_plain`](LayerNormExt::layer_norm_plain). On error the
+    /// array is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let mut x = array![[1.0_f64, 2.0, 3.0, 4.0]];
+    /// x.layer_norm_plain_inplace(0.0)?;
+    /// assert!(x.abs_diff_eq(&array![[-1.3416, -0.4472, 0.4472, 1.3416]], 1e-4));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError>;
+}
+
+impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
+    fn layer_norm(
+        &self,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<Array<A, D>, NormError> {
+        let args = AffineArgs::new(self, gamma, beta, eps)?;
+        let mut out = Array::zeros(self.raw_dim());
+        let (affine, eps) = (args.affine(), args.eps);
+        rows::map_rows(self, &mut out, args.d, |io| {
+            kernel::layer_norm_row(io, affine, eps)
+        });
+        Ok(out)
+    }
+
+    fn layer_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
+        let d = check::row_length(self)?;
+        let eps = check::eps(eps)?;
+        let mut out = Array::zeros(self.raw_dim());
+        rows::map_rows(self, &mut out, d, |io| {
+            kernel::layer_norm_row(io, Affine::Identity, eps)
+        });
+        Ok(out)
+    }
+
+    fn layer_norm_into(
+        &self,
+        out: &mut ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(), NormError> {
+        let args = AffineArgs::new(self, gamma, beta, eps)?;
+        check::same_shape(self, out)?;
+        let (affine, eps) = (args.affine(), args.eps);
+        rows::map_rows(self, out, args.d, |io| {
+            kernel::layer_norm_row(io, affine, eps)
+        });
+        Ok(())
+    }
+
+    fn layer_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError> {
+        let d = check::row_length(self)?;
+        let eps = check::eps(eps)?;
+        check::same_shape(self, out)?;
+        rows::map_rows(self, out, d, |io| {
+            kernel::layer_norm_row(io, Affine::Identity, eps)
+        });
+        Ok(())
+    }
+
+    fn layer_norm_inplace(
+        &mut self,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(), NormError> {
+        let args = AffineArgs::new(self, gamma, beta, eps)?;
+        let (affine, eps) = (args.affine(), args.eps);
+        rows::map_rows_in_place(self, args.d, |io| kernel::layer_norm_row(io, affine, eps));
+        Ok(())
+    }
+
+    fn layer_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
+        let d = check::row_length(self)?;
+        let eps = check::eps(eps)?;
+        rows::map_rows_in_place(self, d, |io| {
+            kernel::layer_norm_row(io, Affine::Identity, eps)
+        });
+        Ok(())
+    }
+}
+
+/// The validated arguments of the affine forms.
+struct AffineArgs<'a, A: Clone> {
+    d: usize,
+    gamma: Cow<'a, [A]>,
+    beta: Cow<'a, [A]>,
+    eps: f64,
+}
+
+impl<'a, A: NormScalar> AffineArgs<'a, A> {
+    /// Checks in the order the errors are documented.
+    fn new<D: Dimension>(
+        x: &ArrayRef<A, D>,
+        gamma: &'a ArrayRef1<A>,
+        beta: &'a ArrayRef1<A>,
+        eps: A,
+    ) -> Result<Self, NormError> {
+        let d = check::row_length(x)?;
+        Ok(AffineArgs {
+            d,
+            gamma: check::feature_vector(Operand::Gamma, gamma, d)?,
+            beta: check::feature_vector(Operand::Beta, beta, d)?,
+            eps: check::eps(eps)?,
+        })
+    }
+
+    fn affine(&self) -> Affine<'_, A> {
+        Affine::ScaleShift(&self.gamma, &self.beta)
+    }
+}

@@ -1,0 +1,103 @@
+//! LayerNorm, RMSNorm and their statistics along the last axis of any
+//! [`ndarray`] array, for `f32` and `f64`, accurate to the last bit.
+//!
+//! Bring the extension traits into scope and call them on any owned array
+//! or view, of any dimension `(…, d)` and any memory layout:
+//!
+//! ```
+//! use ndarray::array;
+//! use ndarray_layernorm::prelude::*;
+//!
+//! let x = array![[2.0_f32, 4.0, 6.0, 8.0], [7.0, 7.0, 7.0, 7.0]];
+//! let gamma = array![2.0, 1.0, 1.0, 0.5];
+//! let beta = array![0.0, 0.0, 1.0, 0.0];
+//!
+//! let y = x.layer_norm(&gamma, &beta, 1e-5)?;
+//! assert!(y.row(0).abs_diff_eq(&array![-2.6833, -0.4472, 1.4472, 0.6708], 1e-4));
+//! assert_eq!(y.row(1), beta); // a constant row gives beta, bit for bit
+//!
+//! let r = x.rms_norm(&array![1.0, 1.0, 1.0, 1.0], 1e-6)?;
+//! let (mean, rms) = x.stats()?;
+//! assert_eq!(mean, array![5.0, 7.0]);
+//! # let _ = (r, rms);
+//! # Ok::<(), NormError>(())
+//! ```
+//!
+//! | trait | methods |
+//! |---|---|
+//! | [`LayerNormExt`] | `layer_norm`, `layer_norm_plain`, and their `_into` and `_inplace` forms |
+//! | [`RmsNormExt`] | `rms_norm`, `rms_norm_plain`, and their `_into` and `_inplace` forms |
+//! | [`RowStatsExt`] | `stats`: `(mean, rms)` of every row |
+//!
+//! The `_plain` forms leave out `gamma` and `beta`. The `_into` forms write
+//! into a caller's array of the input's shape and the `_inplace` forms
+//! overwrite the input, so a hot loop need not allocate.
+//!
+//! # Accuracy
+//!
+//! - Statistics are accumulated in `f64` for both element types, with a
+//!   corrected two-pass algorithm and compensated sums. `mean(x²) - mean²`
+//!   is never formed; the variance divides by `d`; `eps` sits inside the
+//!   root.
+//! - Each `f32` output is within one unit in the last place of the exactly
+//!   rounded true value, including rows like `1e8 + noise` and rows mixing
+//!   magnitudes from `1e-30` to `1e30`.
+//! - `f64` outputs stay accurate (about 1e-15) on rows with a large common
+//!   offset (`1e12 + noise`) and on rows whose squares overflow or underflow
+//!   (`1e200`, `1e-200`), which are rescaled by an exact power of two.
+//! - A row whose elements are all equal gives exactly `beta` (zeros for the
+//!   plain form) for every `eps ≥ 0`; an all-zero row gives zeros under
+//!   RMSNorm. A NaN or infinity poisons its own row only.
+//! - The result bits do not depend on the memory layout: C or Fortran
+//!   order, steps, negative strides, broadcast views and `IxDyn` all give the
+//!   same bits.
+//!
+//! # Errors
+//!
+//! Bad input never panics: every method returns a [`NormError`] for a
+//! `gamma`/`beta`/output of the wrong length or shape, an empty last axis,
+//! a 0-dimensional array or an `eps` that is negative or not finite. Leading
+//! axes of length 0 are fine and give an empty result.
+
+#![doc(test(attr(deny(warnings))))]
+
+mod check;
+mod error;
+mod kernel;
+mod layer_norm;
+mod rms_norm;
+mod rows;
+mod scalar;
+mod stats;
+
+pub use crate::error::{NormError, Operand};
+pub use crate::layer_norm::LayerNormExt;
+pub use crate::rms_norm::RmsNormExt;
+pub use crate::scalar::NormScalar;
+pub use crate::stats::RowStatsExt;
+
+/// Everything needed to call the normalisations: the extension traits, the
+/// element trait and the error type.
+///
+/// ```
+/// use ndarray_layernorm::prelude::*;
+///
+/// let y = ndarray::array![3.0_f64, 4.0].layer_norm_plain(0.0)?;
+/// assert_eq!(y, ndarray::array![-1.0, 1.0]);
+/// # Ok::<(), NormError>(())
+/// ```
+pub mod prelude {
+    pub use crate::error::NormError;
+    pub use crate::layer_norm::LayerNormExt;
+    pub use crate::rms_norm::RmsNormExt;
+    pub use crate::scalar::NormScalar;
+    pub use crate::stats::RowStatsExt;
+}
+
+mod sealed {
+    /// Keeps the extension traits implementable by this crate only, so that
+    /// methods can be added without a breaking release.
+    pub trait Sealed {}
+
+    impl<A, D: ndarray::Dimension> Sealed for ndarray::ArrayRef<A, D> {}
+}

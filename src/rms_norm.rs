@@ -1,0 +1,252 @@
+//! RMSNorm along the last axis.
+
+use std::borrow::Cow;
+
+use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
+
+use crate::error::{NormError, Operand};
+use crate::kernel::{self, Affine};
+use crate::scalar::NormScalar;
+use crate::{check, rows, sealed};
+
+/// Root-mean-square normalisation of every vector along the last axis of an
+/// array (the normalisation of Llama-style models).
+///
+/// For an array of shape `(…, d)`, each of its rows `x` of length `d` becomes
+///
+/// ```text
+///               xᵢ                        1   d
+/// yᵢ = γᵢ ―――――――――――――――――,    ms(x) = ―   ∑ xᵢ²
+///         √(ms(x) + eps)                  d  i=1
+/// ```
+///
+/// There is no centring (the mean is not subtracted) and no shift. The
+/// `_plain` forms leave out `γ` without building a vector of ones.
+///
+/// Implemented for [`ArrayRef`], so every owned array and view of `f32` or
+/// `f64`, of any dimension and layout, has these methods. The trait is
+/// sealed.
+///
+/// # Accuracy
+///
+/// The mean square is accumulated in `f64` with compensated sums. An `f32`
+/// output is within one unit in the last place of the exactly rounded
+/// result, an `f64` output within a few. `f64` rows whose squares overflow
+/// or underflow (`1e200`, `1e-200`) are rescaled by a power of two, exactly,
+/// and stay accurate. An all-zero row gives zeros, also with `eps = 0`. A
+/// row holding a NaN or an infinity gives NaN in that row only. The result
+/// bits do not depend on the memory layout.
+pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
+    /// Returns `x / √(mean(x²) + eps) · gamma` of every row, as a new array
+    /// in standard (row-major) layout.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length of
+    ///   the last axis.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[2.0_f64, -2.0, 4.0, -4.0]];
+    /// let y = x.rms_norm(&array![1.0, 1.0, 1.0, 1.0], 1e-6)?;
+    /// assert!(y.abs_diff_eq(&array![[0.6325, -0.6325, 1.2649, -1.2649]], 1e-4));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError>;
+
+    /// Returns `x / √(mean(x²) + eps)` of every row (RMSNorm without
+    /// `gamma`), as a new array in standard layout.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[3.0_f64, 4.0], [0.0, 0.0]];
+    /// let y = x.rms_norm_plain(0.0)?;
+    /// let s = 12.5_f64.sqrt();
+    /// assert!(y.abs_diff_eq(&array![[3.0 / s, 4.0 / s], [0.0, 0.0]], 1e-15));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError>;
+
+    /// Writes the RMS normalisation of every row into `out`, which must have
+    /// the shape of `self` (any layout). Allocates nothing when the rows of
+    /// `self` and `out` and `gamma` are contiguous.
+    ///
+    /// # Errors
+    ///
+    /// As [`rms_norm`](RmsNormExt::rms_norm), and
+    /// [`NormError::ShapeMismatch`] if `out` does not have the shape of
+    /// `self`. On error `out` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[1.0_f32, 2.0, 3.0, 4.0]];
+    /// let mut out = Array2::zeros((1, 4));
+    /// x.rms_norm_into(&mut out, &array![1.0, 1.0, 1.0, 1.0], 0.0)?;
+    /// assert!(out.abs_diff_eq(&array![[0.3651, 0.7303, 1.0954, 1.4606]], 1e-4));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_into(
+        &self,
+        out: &mut ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(), NormError>;
+
+    /// Writes `x / √(mean(x²) + eps)` of every row into `out`, which must
+    /// have the shape of `self`.
+    ///
+    /// # Errors
+    ///
+    /// As [`rms_norm_plain`](RmsNormExt::rms_norm_plain), and
+    /// [`NormError::ShapeMismatch`] if `out` does not have the shape of
+    /// `self`. On error `out` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array1};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![3.0_f64, 4.0];
+    /// let mut out = Array1::zeros(2);
+    /// x.rms_norm_plain_into(&mut out, 0.0)?;
+    /// assert!((out[0] - 0.8485281374238571).abs() < 1e-15);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError>;
+
+    /// Replaces every row by its RMS normalisation. Allocates nothing when
+    /// the rows and `gamma` are contiguous.
+    ///
+    /// # Errors
+    ///
+    /// As [`rms_norm`](RmsNormExt::rms_norm). On error the array is left
+    /// untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let mut x = array![[2.0_f64, -2.0, 4.0, -4.0]];
+    /// x.rms_norm_inplace(&array![2.0, 2.0, 1.0, 1.0], 1e-6)?;
+    /// assert!(x.abs_diff_eq(&array![[1.2649, -1.2649, 1.2649, -1.2649]], 1e-4));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_inplace(&mut self, gamma: &ArrayRef1<A>, eps: A) -> Result<(), NormError>;
+
+    /// Replaces every row by `x / √(mean(x²) + eps)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`rms_norm_plain`](RmsNormExt::rms_norm_plain). On error the array
+    /// is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let mut x = array![1e200_f64, -1e200];
+    /// x.rms_norm_plain_inplace(0.0)?; // x² overflows f64; the result does not
+    /// assert!(x.abs_diff_eq(&array![1.0, -1.0], 1e-15));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError>;
+}
+
+impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
+    fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError> {
+        let (d, gamma, eps) = scale_args(self, gamma, eps)?;
+        let mut out = Array::zeros(self.raw_dim());
+        let affine = Affine::Scale(&gamma);
+        rows::map_rows(self, &mut out, d, |io| {
+            kernel::rms_norm_row(io, affine, eps)
+        });
+        Ok(out)
+    }
+
+    fn rms_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
+        let d = check::row_length(self)?;
+        let eps = check::eps(eps)?;
+        let mut out = Array::zeros(self.raw_dim());
+        rows::map_rows(self, &mut out, d, |io| {
+            kernel::rms_norm_row(io, Affine::Identity, eps)
+        });
+        Ok(out)
+    }
+
+    fn rms_norm_into(
+        &self,
+        out: &mut ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(), NormError> {
+        let (d, gamma, eps) = scale_args(self, gamma, eps)?;
+        check::same_shape(self, out)?;
+        let affine = Affine::Scale(&gamma);
+        rows::map_rows(self, out, d, |io| kernel::rms_norm_row(io, affine, eps));
+        Ok(())
+    }
+
+    fn rms_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError> {
+        let d = check::row_length(self)?;
+        let eps = check::eps(eps)?;
+        check::same_shape(self, out)?;
+        rows::map_rows(self, out, d, |io| {
+            kernel::rms_norm_row(io, Affine::Identity, eps)
+        });
+        Ok(())
+    }
+
+    fn rms_norm_inplace(&mut self, gamma: &ArrayRef1<A>, eps: A) -> Result<(), NormError> {
+        let (d, gamma, eps) = scale_args(self, gamma, eps)?;
+        let affine = Affine::Scale(&gamma);
+        rows::map_rows_in_place(self, d, |io| kernel::rms_norm_row(io, affine, eps));
+        Ok(())
+    }
+
+    fn rms_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
+        let d = check::row_length(self)?;
+        let eps = check::eps(eps)?;
+        rows::map_rows_in_place(self, d, |io| {
+            kernel::rms_norm_row(io, Affine::Identity, eps)
+        });
+        Ok(())
+    }
+}
+
+/// Validates the arguments of the forms with `gamma`, in the order the
+/// errors are documented.
+fn scale_args<'a, A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    gamma: &'a ArrayRef1<A>,
+    eps: A,
+) -> Result<(usize, Cow<'a, [A]>, f64), NormError> {
+    let d = check::row_length(x)?;
+    let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
+    Ok((d, gamma, check::eps(eps)?))
+}

@@ -1,0 +1,100 @@
+//! The row walk: hands every vector along the last axis to a row kernel as a
+//! contiguous slice in logical order, whatever the memory layout.
+//!
+//! Every layout reaches the same kernel with the same values in the same
+//! order, so results are bit-identical across C order, Fortran order, steps,
+//! negative strides, broadcasting and `IxDyn`.
+
+use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis, Zip};
+
+use crate::kernel::Io;
+use crate::scalar::NormScalar;
+
+/// Runs `kernel` on every row of `x`, writing the same row of `out` (same
+/// shape, rows of length `d`).
+pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    out: &mut ArrayRef<A, D>,
+    d: usize,
+    kernel: impl Fn(Io<'_, A>),
+) {
+    if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
+        for (input, output) in input.chunks_exact(d).zip(output.chunks_exact_mut(d)) {
+            kernel(Io::Copy { input, output });
+        }
+        return;
+    }
+    let mut scratch = Vec::new();
+    Zip::from(x.rows())
+        .and(out.rows_mut())
+        .for_each(|input, mut output| match output.as_slice_mut() {
+            Some(output) => match input.as_slice() {
+                Some(input) => kernel(Io::Copy { input, output }),
+                None => {
+                    // Gather into the output row and normalise it there.
+                    for (o, &v) in output.iter_mut().zip(&input) {
+                        *o = v;
+                    }
+                    kernel(Io::InPlace(output));
+                }
+            },
+            None => {
+                scratch.clear();
+                scratch.extend(input.iter().copied());
+                kernel(Io::InPlace(&mut scratch));
+                output.assign(&ndarray::aview1(&scratch));
+            }
+        });
+}
+
+/// Runs `kernel` on every row of `x`, overwriting it.
+pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
+    x: &mut ArrayRef<A, D>,
+    d: usize,
+    kernel: impl Fn(Io<'_, A>),
+) {
+    if let Some(all) = x.as_slice_mut() {
+        for row in all.chunks_exact_mut(d) {
+            kernel(Io::InPlace(row));
+        }
+        return;
+    }
+    let mut scratch = Vec::new();
+    for mut row in x.rows_mut() {
+        match row.as_slice_mut() {
+            Some(row) => kernel(Io::InPlace(row)),
+            None => {
+                scratch.clear();
+                scratch.extend(row.iter().copied());
+                kernel(Io::InPlace(&mut scratch));
+                row.assign(&ndarray::aview1(&scratch));
+            }
+        }
+    }
+}
+
+/// Applies `reduce` to every row of `x`, collecting the two results in
+/// arrays of the leading shape.
+pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
+    x: &ArrayRef<A, D>,
+    reduce: impl Fn(&[A]) -> (A, A),
+) -> (Array<A, D::Smaller>, Array<A, D::Smaller>) {
+    let leading = x.raw_dim().remove_axis(Axis(x.ndim() - 1));
+    let mut first = Array::zeros(leading.clone());
+    let mut second = Array::zeros(leading);
+    let mut scratch = Vec::new();
+    Zip::from(x.rows())
+        .and(&mut first)
+        .and(&mut second)
+        .for_each(|row, a, b| {
+            (*a, *b) = match row.as_slice() {
+                Some(row) => reduce(row),
+                None => {
+                    scratch.clear();
+                    scratch.extend(row.iter().copied());
+                    reduce(&scratch)
+                }
+            };
+        });
+    (first, second)
+}

@@ -1,0 +1,62 @@
+//! The element types the crate accepts.
+
+use std::fmt::{Debug, Display};
+
+use num_traits::Float;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// An element type the normalisations are defined for: `f32` or `f64`.
+///
+/// All statistics are accumulated in `f64` whatever the element type, so an
+/// `f32` result carries one rounding, at the very end. The trait is sealed:
+/// the accuracy guarantees are proved for these two types only, so no other
+/// crate can implement it.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::{Array2, ArrayRef2};
+/// use ndarray_layernorm::prelude::*;
+///
+/// fn centred<A: NormScalar>(x: &ArrayRef2<A>) -> Result<Array2<A>, NormError> {
+///     x.layer_norm_plain(A::zero())
+/// }
+/// let y = centred(&ndarray::array![[3.0_f32, 4.0]])?;
+/// assert_eq!(y, ndarray::array![[-1.0_f32, 1.0]]);
+/// # Ok::<(), NormError>(())
+/// ```
+pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::Sealed {
+    /// Converts to the accumulation type. Exact.
+    #[doc(hidden)]
+    fn widen(self) -> f64;
+    /// Rounds an accumulated value to the element type (round to nearest, ties to even).
+    #[doc(hidden)]
+    fn narrow(value: f64) -> Self;
+}
+
+impl NormScalar for f32 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        f64::from(self)
+    }
+    #[inline(always)]
+    fn narrow(value: f64) -> Self {
+        value as f32
+    }
+}
+
+impl NormScalar for f64 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(value: f64) -> Self {
+        value
+    }
+}

@@ -1,0 +1,64 @@
+//! Per-row statistics along the last axis.
+
+use ndarray::{Array, ArrayRef, Dimension, RemoveAxis};
+
+use crate::error::NormError;
+use crate::scalar::NormScalar;
+use crate::{check, kernel, rows, sealed};
+
+/// Mean and root mean square of every vector along the last axis.
+///
+/// Implemented for [`ArrayRef`], so every owned array and view of `f32` or
+/// `f64` has it. The trait is sealed.
+pub trait RowStatsExt<A: NormScalar, D: Dimension>: sealed::Sealed {
+    /// Returns `(mean, rms)` of every row, each an array of the leading shape
+    /// (the input's shape without its last axis):
+    ///
+    /// ```text
+    ///        1   d                  ⎛ 1   d     ⎞½
+    /// x̄ =  ―   ∑ xᵢ,     rms(x) =  ⎜ ―   ∑ xᵢ² ⎟
+    ///        d  i=1                 ⎝ d  i=1    ⎠
+    /// ```
+    ///
+    /// Both are accumulated in `f64` (the mean with a corrected two-pass
+    /// sum, the square sum compensated and rescaled by a power of two where
+    /// `f64` squares would overflow or underflow) and rounded once. The rms
+    /// is of `x` itself, not of `x - x̄`. A row holding a NaN or an infinity
+    /// follows IEEE arithmetic: NaN, or ±∞ where all infinities share a
+    /// sign.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[1.0_f64, 2.0, 3.0, 4.0], [3.0, 4.0, 0.0, 0.0]];
+    /// let (mean, rms) = x.stats()?;
+    /// assert_eq!(mean, array![2.5, 1.75]);
+    /// assert!(rms.abs_diff_eq(&array![7.5_f64.sqrt(), 6.25_f64.sqrt()], 1e-15));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn stats(&self) -> Result<(Array<A, D::Smaller>, Array<A, D::Smaller>), NormError>
+    where
+        D: RemoveAxis;
+}
+
+impl<A: NormScalar, D: Dimension> RowStatsExt<A, D> for ArrayRef<A, D> {
+    fn stats(&self) -> Result<(Array<A, D::Smaller>, Array<A, D::Smaller>), NormError>
+    where
+        D: RemoveAxis,
+    {
+        check::row_length(self)?;
+        Ok(rows::reduce_rows(self, |row| {
+            let (mean, rms) = kernel::row_stats(row);
+            (A::narrow(mean), A::narrow(rms))
+        }))
+    }
+}
