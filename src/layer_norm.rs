@@ -32,10 +32,11 @@ use crate::{check, rows, sealed};
 /// Statistics are accumulated in `f64` with a corrected two-pass algorithm
 /// and compensated sums; `mean(x²) - mean²` is never formed. An `f32`
 /// output is within one unit in the last place of the exactly rounded
-/// result; an `f64` output is within about 1e-15 of it (relative, or
-/// absolute in units of the row's standard deviation for outputs near 0),
-/// also for rows with a large common offset (`1e12 + noise`) and for rows
-/// whose squares overflow or underflow (`1e200`, `1e-200`). A row whose
+/// result; an `f64` output is within a few units in the last place of the
+/// true value (relative error at most 2e-15 against an exact reference),
+/// also for outputs near zero, for rows with a large common offset
+/// (`1e12 + noise`) and for rows whose squares overflow or underflow
+/// (`1e200`, `1e-200`). A row whose
 /// elements are all equal gives exactly `beta`, for every `eps ≥ 0`. A row
 /// holding a NaN or an infinity gives NaN in that row only. The result bits
 /// do not depend on the memory layout.

@@ -42,9 +42,11 @@
 //! - Each `f32` output is within one unit in the last place of the exactly
 //!   rounded true value, including rows like `1e8 + noise` and rows mixing
 //!   magnitudes from `1e-30` to `1e30`.
-//! - `f64` outputs stay accurate (about 1e-15) on rows with a large common
-//!   offset (`1e12 + noise`) and on rows whose squares overflow or underflow
-//!   (`1e200`, `1e-200`), which are rescaled by an exact power of two.
+//! - Each `f64` output is within a few units in the last place of the true
+//!   value (relative error at most 2e-15 against an exact reference), also
+//!   near zero, on rows with a large common offset (`1e12 + noise`) and on
+//!   rows whose squares overflow or underflow (`1e200`, `1e-200`), which are
+//!   rescaled by an exact power of two.
 //! - A row whose elements are all equal gives exactly `beta` (zeros for the
 //!   plain form) for every `eps ≥ 0`; an all-zero row gives zeros under
 //!   RMSNorm. A NaN or infinity poisons its own row only.

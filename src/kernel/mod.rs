@@ -8,18 +8,21 @@
 //!
 //! LayerNorm statistics use a corrected two-pass scheme:
 //!
-//! 1. `base = (Σ x) / d` with a plain lane sum. `base` only needs to be close
-//!    to the mean; it is never used as the mean itself.
-//! 2. `eᵢ = xᵢ - base` and the *compensated* sums `Σ eᵢ` and `Σ eᵢ²`. The
-//!    correction `shift = Σ eᵢ / d` is the part of the mean that `base`
-//!    misses, accurate to a few units in the last place of `shift` itself.
-//!    Outputs are formed as `(xᵢ - base) - shift`: subtracting the correction
-//!    from the deviation keeps the digits that forming a rounded
-//!    `base + shift` would throw away (rows like `1e12 + noise`).
-//! 3. `var = Σ eᵢ² / d - shift²`. Because `shift` is tiny next to the spread
-//!    this subtraction does not cancel; on the rare rows where it would
-//!    (`shift²` above 2⁻²⁰ of `Σ eᵢ² / d`), the variance is recomputed
-//!    directly as `Σ ((xᵢ - base) - shift)² / d`.
+//! 1. The compensated sum `S = Σ xᵢ` (TwoSum in every lane, so `S` is kept
+//!    as an unevaluated pair good to about 2⁻¹⁰⁶ of `Σ |xᵢ|`), and the mean
+//!    split as `S / d = base + shift`: `base` is the rounded quotient and
+//!    `shift` the exact remainder `(S - d · base) / d` (Dekker's product
+//!    makes `d · base` exact). `shift` is the part of the mean that `base`
+//!    misses.
+//! 2. Deviations are formed as `(xᵢ - base) - shift`. Subtracting the
+//!    correction from the deviation keeps the digits that a rounded
+//!    `base + shift` would throw away (rows like `1e12 + noise`), and
+//!    outputs near zero keep their relative accuracy.
+//! 3. `var = Σ (xᵢ - base)² / d - shift²` with a compensated square sum.
+//!    Because `shift` is tiny next to the spread this subtraction does not
+//!    cancel; on the rare rows where it would (`shift²` above 2⁻²⁰ of
+//!    `Σ (xᵢ - base)² / d`), the variance is recomputed directly as
+//!    `Σ ((xᵢ - base) - shift)² / d`.
 //!
 //! `mean(x²) - mean²` is never formed. `eps` sits inside the root:
 //! `1 / √(var + eps)`.
@@ -133,20 +136,6 @@ fn for_each_lane<A: NormScalar, L: Load>(x: &[A], load: L, mut step: impl FnMut(
     }
 }
 
-/// Adds the lanes by a fixed halving tree: lane `l` takes lane `l + w` for
-/// `w = LANES/2, LANES/4, …, 1`.
-#[inline(always)]
-fn halving_sum(mut lanes: Lanes) -> f64 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for lane in 0..width {
-            lanes[lane] += lanes[lane + width];
-        }
-    }
-    lanes[0]
-}
-
 /// Knuth's TwoSum: `sum + err == a + b` exactly, whatever the magnitudes.
 #[inline(always)]
 fn two_sum(a: f64, b: f64) -> (f64, f64) {
@@ -183,10 +172,18 @@ impl CompensatedSum {
         self.low[lane] += err;
     }
 
-    /// Combines the lanes by the same halving tree as [`halving_sum`],
-    /// keeping the error of each combination.
+    /// The sum rounded to `f64`.
     #[inline(always)]
     fn total(self) -> f64 {
+        let Pair { hi, lo } = self.total_pair();
+        hi + lo
+    }
+
+    /// Combines the lanes by a fixed halving tree (lane `l` takes lane
+    /// `l + w` for `w = LANES/2, LANES/4, …, 1`), keeping the error of each
+    /// combination: the sum as `hi + lo`.
+    #[inline(always)]
+    fn total_pair(self) -> Pair {
         let CompensatedSum { mut high, mut low } = self;
         let mut width = LANES;
         while width > 1 {
@@ -197,47 +194,95 @@ impl CompensatedSum {
                 low[lane] = (low[lane] + low[lane + width]) + err;
             }
         }
-        high[0] + low[0]
+        let (hi, lo) = two_sum(high[0], low[0]);
+        Pair { hi, lo }
     }
 }
 
-/// Plain sum, minimum and maximum of a row.
+/// An unevaluated sum `hi + lo` with `|lo|` at most half an ulp of `hi`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Pair {
+    pub(crate) hi: f64,
+    pub(crate) lo: f64,
+}
+
+impl Pair {
+    /// `self / d` as a pair: the high part's remainder is computed exactly
+    /// (Dekker's product), so the quotient is good to about 2⁻¹⁰⁴ relative.
+    /// Requires `|hi| < 2⁹⁹⁰` so that the splitting cannot overflow.
+    #[inline(always)]
+    fn divide(self, d: f64) -> Pair {
+        let q = self.hi / d;
+        let (p, p_err) = two_product(q, d);
+        // hi - p is exact: p is within an ulp of hi (Sterbenz).
+        let remainder = ((self.hi - p) - p_err) + self.lo;
+        Pair {
+            hi: q,
+            lo: remainder / d,
+        }
+    }
+}
+
+/// Veltkamp's split: `a == hi + lo` with both halves of 26 bits or fewer.
+#[inline(always)]
+fn split(a: f64) -> (f64, f64) {
+    let c = 134_217_729.0 * a; // 2^27 + 1
+    let hi = c - (c - a);
+    (hi, a - hi)
+}
+
+/// Dekker's TwoProduct without FMA: `p + err == a * b` exactly (barring
+/// underflow).
+#[inline(always)]
+fn two_product(a: f64, b: f64) -> (f64, f64) {
+    let p = a * b;
+    let (a_hi, a_lo) = split(a);
+    let (b_hi, b_lo) = split(b);
+    let err = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo;
+    (p, err)
+}
+
+/// Compensated sum, minimum and maximum of a row.
 struct Spread {
-    sum: f64,
+    sum: Pair,
     min: f64,
     max: f64,
+}
+
+impl Spread {
+    fn magnitude(&self) -> f64 {
+        self.min.abs().max(self.max.abs())
+    }
 }
 
 #[inline(always)]
 fn spread<A: NormScalar, L: Load>(x: &[A], load: L) -> Spread {
     let first = x.first().map_or(0.0, |&v| load.load(v));
-    let mut sum = [0.0; LANES];
+    let mut sum = CompensatedSum::new();
     let mut min = [first; LANES];
     let mut max = [first; LANES];
     for_each_lane(x, load, |lane, value| {
-        sum[lane] += value;
+        sum.add(lane, value);
         // Written as selects so that they compile to vector min/max.
         min[lane] = if value < min[lane] { value } else { min[lane] };
         max[lane] = if value > max[lane] { value } else { max[lane] };
     });
     Spread {
-        sum: halving_sum(sum),
+        sum: sum.total_pair(),
         min: min.iter().fold(first, |a, &b| if b < a { b } else { a }),
         max: max.iter().fold(first, |a, &b| if b > a { b } else { a }),
     }
 }
 
-/// Compensated `(Σ (xᵢ - base), Σ (xᵢ - base)²)`.
+/// Compensated `Σ (xᵢ - base)²`.
 #[inline(always)]
-fn deviation_sums<A: NormScalar, L: Load>(x: &[A], load: L, base: f64) -> (f64, f64) {
-    let mut sum = CompensatedSum::new();
+fn deviation_square_sum<A: NormScalar, L: Load>(x: &[A], load: L, base: f64) -> f64 {
     let mut squares = CompensatedSum::new();
     for_each_lane(x, load, |lane, value| {
         let dev = value - base;
-        sum.add(lane, dev);
         squares.add(lane, dev * dev);
     });
-    (sum.total(), squares.total())
+    squares.total()
 }
 
 /// Compensated `Σ ((xᵢ - base) - shift)²`.
@@ -266,6 +311,11 @@ fn max_abs<A: NormScalar>(x: &[A]) -> f64 {
 fn all_finite<A: NormScalar>(x: &[A]) -> bool {
     x.iter().all(|v| v.is_finite())
 }
+
+/// Magnitudes from which a row is rescaled even if its sums are finite:
+/// the exact remainder of the mean's division splits values into halves,
+/// which must not overflow.
+const HUGE_MAGNITUDE: f64 = 1e290;
 
 /// The power of two that brings `magnitude` (finite, positive) into
 /// `[1/2, 1)`, limited to `2^±1000` so that the factor itself stays normal.
@@ -315,18 +365,18 @@ pub(crate) enum Centring {
 pub(crate) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Centring {
     let spread_ = spread(x, Unscaled);
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
-    if !spread_.sum.is_finite() && !all_finite(x) {
+    if !spread_.sum.hi.is_finite() && !all_finite(x) {
         return Centring::NotFinite;
     }
     if spread_.min == spread_.max {
         return Centring::Constant;
     }
-    if spread_.sum.is_finite() {
+    if spread_.sum.hi.is_finite() && spread_.magnitude() < HUGE_MAGNITUDE {
         if let Some(centring) = centre(x, Unscaled, spread_.sum, eps, None) {
             return centring;
         }
     }
-    let scale = scale_towards_one(spread_.min.abs().max(spread_.max.abs()));
+    let scale = scale_towards_one(spread_.magnitude());
     let scaled_sum = spread(x, Scaled(scale)).sum;
     centre(x, Scaled(scale), scaled_sum, eps, Some(scale)).unwrap_or(Centring::NotFinite)
 }
@@ -337,20 +387,21 @@ pub(crate) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Centring {
 fn centre<A: NormScalar, L: Load>(
     x: &[A],
     load: L,
-    sum: f64,
+    sum: Pair,
     eps: f64,
     scale: Option<f64>,
 ) -> Option<Centring> {
     let d = x.len() as f64;
-    let base = sum / d;
-    let (dev_sum, dev_squares) = deviation_sums(x, load, base);
-    if scale.is_none()
-        && (!dev_squares.is_finite() || (dev_squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
+    let Pair {
+        hi: base,
+        lo: shift,
+    } = sum.divide(d);
+    let squares = deviation_square_sum(x, load, base);
+    if scale.is_none() && (!squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
     {
         return None;
     }
-    let shift = dev_sum / d;
-    let mean_square = dev_squares / d;
+    let mean_square = squares / d;
     let var = if shift * shift <= mean_square * SHIFT_TOLERANCE {
         mean_square - shift * shift
     } else {
@@ -385,35 +436,37 @@ pub(crate) fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)
     Some((scale, inverse_root(scaled_squares / d, eps, scale)))
 }
 
-/// `(mean, rms)` of one row (`x` non-empty), each rounded once from `f64`.
+/// `(mean, rms)` of one row (`x` non-empty).
 ///
-/// A row holding a NaN or an infinity gets IEEE semantics: the plain
-/// `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for infinities of one sign).
+/// The mean is the compensated sum divided by `d` with an exact remainder,
+/// so it is within about half an ulp of the true mean; the rms is the root
+/// of the compensated square sum. A row holding a NaN or an infinity gets
+/// IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
+/// infinities of one sign).
 pub(crate) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
     let d = x.len() as f64;
     let spread_ = spread(x, Unscaled);
-    if !spread_.sum.is_finite() && !all_finite(x) {
-        return (spread_.sum / d, (square_sum(x, Unscaled) / d).sqrt());
+    if !spread_.sum.hi.is_finite() && !all_finite(x) {
+        return (spread_.sum.hi / d, (square_sum(x, Unscaled) / d).sqrt());
     }
     if spread_.min == spread_.max {
         return (spread_.min, spread_.min.abs());
     }
-    let mean = if spread_.sum.is_finite() {
-        let base = spread_.sum / d;
-        base + deviation_sums(x, Unscaled, base).0 / d
-    } else {
-        let scale = scale_towards_one(spread_.min.abs().max(spread_.max.abs()));
-        let base = spread(x, Scaled(scale)).sum / d;
-        (base + deviation_sums(x, Scaled(scale), base).0 / d) / scale
-    };
     let squares = square_sum(x, Unscaled);
-    let rms = if squares.is_finite() && squares >= TINY_SQUARES {
-        (squares / d).sqrt()
-    } else {
-        let scale = scale_towards_one(max_abs(x));
-        (square_sum(x, Scaled(scale)) / d).sqrt() / scale
-    };
-    (mean, rms)
+    // Rescale where a sum overflowed, the square sum may hold subnormal
+    // squares, or the division's exact remainder could overflow.
+    if spread_.sum.hi.is_finite()
+        && spread_.magnitude() < HUGE_MAGNITUDE
+        && squares.is_finite()
+        && squares >= TINY_SQUARES
+    {
+        let mean = spread_.sum.divide(d);
+        return (mean.hi + mean.lo, (squares / d).sqrt());
+    }
+    let scale = scale_towards_one(spread_.magnitude());
+    let mean = spread(x, Scaled(scale)).sum.divide(d);
+    let squares = square_sum(x, Scaled(scale));
+    ((mean.hi + mean.lo) / scale, (squares / d).sqrt() / scale)
 }
 
 /// Writes `affine(norm(xᵢ))` for every element of the row.

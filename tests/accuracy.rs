@@ -1,0 +1,481 @@
+//! Accuracy against an exact reference.
+//!
+//! Every finite `f64` (and so every `f32`) is an integer multiple of 2⁻¹⁰⁷⁴,
+//! so with `Xᵢ = xᵢ · 2¹⁰⁷⁴` (an exact big integer), `S = Σ Xᵢ`,
+//! `Nᵢ = d·Xᵢ - S` and `E = eps · 2¹⁰⁷⁴`:
+//!
+//! ```text
+//! LayerNorm:  yᵢ² = Nᵢ² · d / (Σ Nⱼ² + E · d³ · 2¹⁰⁷⁴)
+//! RMSNorm:    yᵢ² = Xᵢ² · d / (Σ Xⱼ²  + E · d  · 2¹⁰⁷⁴)
+//! mean = S / (d · 2¹⁰⁷⁴),   rms² = Σ Xⱼ² / (d · 2²¹⁴⁸)
+//! ```
+//!
+//! are exact rationals. The reference evaluates them with big integers and
+//! an integer square root to about 2⁻⁶² relative error before one final
+//! rounding to `f64`, so it is independent of every floating-point choice the
+//! crate makes.
+
+use ndarray::{Array1, Array2};
+use ndarray_layernorm::prelude::*;
+use num_bigint::{BigInt, BigUint, Sign};
+
+const SCALE_BITS: u64 = 1074;
+
+/// `x · 2¹⁰⁷⁴` as an exact integer.
+fn exact(x: f64) -> BigInt {
+    assert!(x.is_finite());
+    let bits = x.to_bits();
+    let exponent = ((bits >> 52) & 0x7ff) as i64;
+    let fraction = bits & ((1u64 << 52) - 1);
+    let (mantissa, shift) = if exponent == 0 {
+        (fraction, 0)
+    } else {
+        (fraction | (1u64 << 52), exponent - 1)
+    };
+    let magnitude = BigUint::from(mantissa) << (shift as usize);
+    let sign = if x.is_sign_negative() {
+        Sign::Minus
+    } else {
+        Sign::Plus
+    };
+    BigInt::from_biguint(sign, magnitude)
+}
+
+/// `q · 2^exp2` rounded to `f64` (relative error below 2⁻⁵²).
+fn to_f64(q: &BigUint, exp2: i64) -> f64 {
+    let bits = q.bits() as i64;
+    if bits == 0 {
+        return 0.0;
+    }
+    let shift = (bits - 64).max(0);
+    let top = q >> (shift as usize);
+    let digits = top.to_u64_digits();
+    let head = digits.first().copied().unwrap_or(0) as f64;
+    // Multiply by 2^(shift + exp2) in steps that stay exact.
+    let mut value = head;
+    let mut k = shift + exp2;
+    while k > 0 {
+        let step = k.min(1000);
+        value *= 2f64.powi(step as i32);
+        k -= step;
+    }
+    while k < 0 {
+        let step = (-k).min(1000);
+        value *= 2f64.powi(-(step as i32));
+        k += step;
+    }
+    value
+}
+
+/// `sign · √(num / den)` to about 2⁻⁶² relative error, rounded to `f64`.
+fn signed_root_of_ratio(sign: Sign, num: &BigUint, den: &BigUint) -> f64 {
+    if num.bits() == 0 {
+        return 0.0;
+    }
+    // Choose p so that √(num · 2^2p / den) has about 80 bits.
+    let p = 80 - (num.bits() as i64 - den.bits() as i64) / 2;
+    let (scaled_num, scaled_den) = if p >= 0 {
+        (num << (2 * p as usize), den.clone())
+    } else {
+        (num.clone(), den << (-2 * p) as usize)
+    };
+    let root = (scaled_num / scaled_den).sqrt();
+    let magnitude = to_f64(&root, -p);
+    if sign == Sign::Minus {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+fn exact_layer_norm(x: &[f64], eps: f64) -> Vec<f64> {
+    let d = BigInt::from(x.len());
+    let xs: Vec<BigInt> = x.iter().map(|&v| exact(v)).collect();
+    let sum: BigInt = xs.iter().sum();
+    let devs: Vec<BigInt> = xs.iter().map(|xi| &d * xi - &sum).collect();
+    let squares: BigInt = devs.iter().map(|n| n * n).sum();
+    let denominator = squares + exact(eps) * &d * &d * &d * (BigInt::from(1) << SCALE_BITS);
+    let den = denominator.magnitude();
+    devs.iter()
+        .map(|n| {
+            let num = n.magnitude() * n.magnitude() * d.magnitude();
+            signed_root_of_ratio(n.sign(), &num, den)
+        })
+        .collect()
+}
+
+fn exact_rms_norm(x: &[f64], eps: f64) -> Vec<f64> {
+    let d = BigInt::from(x.len());
+    let xs: Vec<BigInt> = x.iter().map(|&v| exact(v)).collect();
+    let squares: BigInt = xs.iter().map(|v| v * v).sum();
+    let denominator = squares + exact(eps) * &d * (BigInt::from(1) << SCALE_BITS);
+    let den = denominator.magnitude();
+    xs.iter()
+        .map(|v| {
+            let num = v.magnitude() * v.magnitude() * d.magnitude();
+            if den.bits() == 0 {
+                0.0 // all-zero row, eps = 0: defined as 0
+            } else {
+                signed_root_of_ratio(v.sign(), &num, den)
+            }
+        })
+        .collect()
+}
+
+fn exact_stats(x: &[f64]) -> (f64, f64) {
+    let d = BigUint::from(x.len());
+    let xs: Vec<BigInt> = x.iter().map(|&v| exact(v)).collect();
+    let sum: BigInt = xs.iter().sum();
+    let p = 80 - (sum.bits() as i64 - d.bits() as i64);
+    let scaled = if p >= 0 {
+        sum.magnitude() << (p as usize)
+    } else {
+        sum.magnitude() >> ((-p) as usize)
+    };
+    let mean_magnitude = to_f64(&(scaled / &d), -p - SCALE_BITS as i64);
+    let mean = if sum.sign() == Sign::Minus {
+        -mean_magnitude
+    } else {
+        mean_magnitude
+    };
+    let squares: BigInt = xs.iter().map(|v| v * v).sum();
+    let den = &d << (2 * SCALE_BITS as usize);
+    let rms = signed_root_of_ratio(Sign::Plus, squares.magnitude(), &den);
+    (mean, rms)
+}
+
+/// Distance in units in the last place of `f32` at `truth`.
+fn f32_ulps(got: f32, truth: f64) -> f64 {
+    let rounded = truth as f32;
+    let ulp = if rounded == 0.0 {
+        f32::from_bits(1) as f64
+    } else {
+        let next = f32::from_bits(rounded.abs().to_bits() + 1) as f64;
+        next - rounded.abs() as f64
+    };
+    (got as f64 - truth).abs() / ulp
+}
+
+/// Relative error, measured against `max(|truth|, floor)`.
+fn relative(got: f64, truth: f64, floor: f64) -> f64 {
+    if got == truth {
+        0.0
+    } else {
+        (got - truth).abs() / truth.abs().max(floor)
+    }
+}
+
+/// SplitMix64: a tiny deterministic generator, so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn signed_unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Adversarial row families, as `f64` values that are also exact `f32`
+/// values when `as_f32` is set.
+fn family(rng: &mut Rng, kind: usize, d: usize, as_f32: bool) -> Vec<f64> {
+    let round = |v: f64| if as_f32 { v as f32 as f64 } else { v };
+    (0..d)
+        .map(|_| match kind {
+            // Moderate values, mixed signs.
+            0 => round(3.0 * rng.signed_unit()),
+            // Huge common offset with small noise: 1e8 + noise for f32,
+            // 1e12 + noise for f64.
+            1 => {
+                let offset = if as_f32 { 1e8 } else { 1e12 };
+                round(offset + 50.0 * rng.signed_unit())
+            }
+            // Magnitudes from 1e-30 to 1e30, mixed signs.
+            2 => {
+                let exponent = rng.below(61) as i32 - 30;
+                round(rng.signed_unit() * 10f64.powi(exponent))
+            }
+            // Near-constant: a few units in the last place around 1.5.
+            3 => {
+                let base = if as_f32 {
+                    1.5f32.to_bits() as u64
+                } else {
+                    1.5f64.to_bits()
+                };
+                let v = base + rng.below(4);
+                if as_f32 {
+                    f32::from_bits(v as u32) as f64
+                } else {
+                    f64::from_bits(v)
+                }
+            }
+            // Negative offset, noise of one sign.
+            4 => round(-1e4 - rng.signed_unit().abs()),
+            // Integers at the very edge of the significand: 2⁵² + k for
+            // f64 (2²³ + k for f32), where the mean's rounding is as large
+            // as the spread itself.
+            _ => {
+                let edge = if as_f32 {
+                    8_388_608.0
+                } else {
+                    4_503_599_627_370_496.0
+                };
+                edge + rng.below(3) as f64
+            }
+        })
+        .collect()
+}
+
+const FAMILIES: usize = 6;
+const F64_TOLERANCE: f64 = 2e-15;
+const DIMS: [usize; 7] = [1, 2, 3, 7, 64, 129, 1000];
+const EPSILONS: [f64; 3] = [0.0, 1e-5, 1.0];
+
+#[test]
+fn f32_layer_norm_is_within_one_ulp() {
+    let mut rng = Rng(1);
+    let mut worst = 0.0f64;
+    for kind in 0..FAMILIES {
+        for &d in &DIMS {
+            for &eps in &EPSILONS {
+                for _ in 0..3 {
+                    let row = family(&mut rng, kind, d, true);
+                    let x = Array1::from_iter(row.iter().map(|&v| v as f32));
+                    let got = x.layer_norm_plain(eps as f32).unwrap();
+                    let truth = exact_layer_norm(&row, eps as f32 as f64);
+                    for (&g, &t) in got.iter().zip(&truth) {
+                        let ulps = f32_ulps(g, t);
+                        worst = worst.max(ulps);
+                        assert!(
+                            ulps <= 1.0,
+                            "kind {kind} d {d} eps {eps}: {g} vs {t} ({ulps} ulp)"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!("worst f32 LayerNorm error: {worst:.3} ulp");
+}
+
+#[test]
+fn f32_rms_norm_and_stats_are_within_one_ulp() {
+    let mut rng = Rng(2);
+    for kind in 0..FAMILIES {
+        for &d in &DIMS {
+            for &eps in &EPSILONS {
+                let row = family(&mut rng, kind, d, true);
+                let x = Array1::from_iter(row.iter().map(|&v| v as f32));
+                let got = x.rms_norm_plain(eps as f32).unwrap();
+                let truth = exact_rms_norm(&row, eps as f32 as f64);
+                for (&g, &t) in got.iter().zip(&truth) {
+                    let ulps = f32_ulps(g, t);
+                    assert!(
+                        ulps <= 1.0,
+                        "kind {kind} d {d} eps {eps}: {g} vs {t} ({ulps} ulp)"
+                    );
+                }
+            }
+            let row = family(&mut rng, kind, d, true);
+            let x = Array2::from_shape_fn((1, d), |(_, j)| row[j] as f32);
+            let (mean, rms) = x.stats().unwrap();
+            let (true_mean, true_rms) = exact_stats(&row);
+            assert!(
+                f32_ulps(mean[0], true_mean) <= 1.0,
+                "mean {} vs {true_mean}",
+                mean[0]
+            );
+            assert!(
+                f32_ulps(rms[0], true_rms) <= 1.0,
+                "rms {} vs {true_rms}",
+                rms[0]
+            );
+        }
+    }
+}
+
+/// `f64`: every output within 2e-15 relative error of the true value
+/// (about nine units in the last place; the promise is 1e-14).
+#[test]
+fn f64_layer_norm_keeps_full_accuracy() {
+    let mut rng = Rng(3);
+    let mut worst = 0.0f64;
+    for kind in 0..FAMILIES {
+        for &d in &DIMS {
+            for &eps in &EPSILONS {
+                let row = family(&mut rng, kind, d, false);
+                let got = Array1::from(row.clone()).layer_norm_plain(eps).unwrap();
+                let truth = exact_layer_norm(&row, eps);
+                for (&g, &t) in got.iter().zip(&truth) {
+                    let err = relative(g, t, 0.0);
+                    worst = worst.max(err);
+                    assert!(
+                        err <= F64_TOLERANCE,
+                        "kind {kind} d {d} eps {eps}: {g} vs {t}"
+                    );
+                }
+            }
+        }
+    }
+    println!("worst f64 LayerNorm error: {worst:e}");
+}
+
+#[test]
+fn f64_offset_rows_keep_the_noise() {
+    // 1e12 + noise: a naive mean(x²) - mean² loses every digit here.
+    let mut rng = Rng(4);
+    for &d in &[16, 768, 4096] {
+        let row: Vec<f64> = (0..d).map(|_| 1e12 + rng.signed_unit()).collect();
+        let got = Array1::from(row.clone()).layer_norm_plain(0.0).unwrap();
+        let truth = exact_layer_norm(&row, 0.0);
+        for (&g, &t) in got.iter().zip(&truth) {
+            assert!(relative(g, t, 0.0) <= F64_TOLERANCE, "d {d}: {g} vs {t}");
+        }
+    }
+}
+
+#[test]
+fn f64_rows_whose_squares_overflow_or_underflow() {
+    let mut rng = Rng(5);
+    for &magnitude in &[1e200, 1e300, 1.7e308, 1e-200, 1e-300, 1e-310] {
+        for &d in &[2, 5, 64, 333] {
+            let row: Vec<f64> = (0..d).map(|_| magnitude * rng.signed_unit()).collect();
+            let x = Array1::from(row.clone());
+            for (got, truth) in [
+                (
+                    x.layer_norm_plain(0.0).unwrap(),
+                    exact_layer_norm(&row, 0.0),
+                ),
+                (x.rms_norm_plain(0.0).unwrap(), exact_rms_norm(&row, 0.0)),
+            ] {
+                for (&g, &t) in got.iter().zip(&truth) {
+                    assert!(
+                        relative(g, t, 0.0) <= F64_TOLERANCE,
+                        "{magnitude} d {d}: {g} vs {t}"
+                    );
+                }
+            }
+            let (mean, rms) = x.view().insert_axis(ndarray::Axis(0)).stats().unwrap();
+            let (true_mean, true_rms) = exact_stats(&row);
+            // Subnormal means carry fewer significant bits: there, allow one
+            // unit of 2⁻¹⁰⁷⁴ per element instead.
+            let mean_tolerance = (1e-15 * true_mean.abs()).max(d as f64 * f64::from_bits(1));
+            assert!(
+                (mean[0] - true_mean).abs() <= mean_tolerance,
+                "{} vs {true_mean}",
+                mean[0]
+            );
+            assert!(
+                relative(rms[0], true_rms, 0.0) <= F64_TOLERANCE,
+                "{} vs {true_rms}",
+                rms[0]
+            );
+        }
+    }
+    // With eps = 1e-5 the tiny rows are dominated by eps: y = dev / √eps,
+    // about 1e-198, and every output keeps its own relative accuracy.
+    let row: Vec<f64> = (0..50).map(|_| 1e-200 * rng.signed_unit()).collect();
+    let got = Array1::from(row.clone()).layer_norm_plain(1e-5).unwrap();
+    let truth = exact_layer_norm(&row, 1e-5);
+    for (&g, &t) in got.iter().zip(&truth) {
+        assert!(relative(g, t, 0.0) <= F64_TOLERANCE, "{g} vs {t}");
+    }
+}
+
+#[test]
+fn f64_rms_norm_and_stats() {
+    let mut rng = Rng(6);
+    for kind in 0..FAMILIES {
+        for &d in &DIMS {
+            for &eps in &EPSILONS {
+                let row = family(&mut rng, kind, d, false);
+                let got = Array1::from(row.clone()).rms_norm_plain(eps).unwrap();
+                let truth = exact_rms_norm(&row, eps);
+                for (&g, &t) in got.iter().zip(&truth) {
+                    assert!(
+                        relative(g, t, 0.0) <= F64_TOLERANCE,
+                        "kind {kind} d {d}: {g} vs {t}"
+                    );
+                }
+            }
+            let row = family(&mut rng, kind, d, false);
+            let (mean, rms) = Array2::from_shape_vec((1, d), row.clone())
+                .unwrap()
+                .stats()
+                .unwrap();
+            let (true_mean, true_rms) = exact_stats(&row);
+            assert!(
+                relative(mean[0], true_mean, 0.0) <= 1e-15,
+                "{} vs {true_mean}",
+                mean[0]
+            );
+            assert!(
+                relative(rms[0], true_rms, 0.0) <= 1e-15,
+                "{} vs {true_rms}",
+                rms[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn reference_reproduces_the_seed_trace() {
+    // The seed's [2, 4, 6, 8] trace with eps = 1e-5: -1.3416, -0.4472, 0.4472, 1.3416.
+    let y = exact_layer_norm(&[2.0, 4.0, 6.0, 8.0], 1e-5);
+    let expected = [-1.3416, -0.4472, 0.4472, 1.3416];
+    for (a, b) in y.iter().zip(expected) {
+        assert!((a - b).abs() < 5e-5);
+    }
+    // [3, 4] without eps is exactly [-1, 1]; RMS of [2, -2, 4, -4] is √10.
+    assert_eq!(exact_layer_norm(&[3.0, 4.0], 0.0), vec![-1.0, 1.0]);
+    let (mean, rms) = exact_stats(&[2.0, -2.0, 4.0, -4.0]);
+    assert_eq!(mean, 0.0);
+    assert!((rms - 10f64.sqrt()).abs() < 1e-15);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Random rows at random scales and offsets, with an affine part:
+    /// `y = γ · n + β` carries only the two roundings of its own arithmetic.
+    #[test]
+    fn random_rows_match_the_reference(
+        row in proptest::collection::vec(-1.0f64..1.0, 1..200),
+        scale_exponent in -40i32..40,
+        offset in -1e6f64..1e6,
+        eps_choice in 0usize..3,
+        gamma_beta in proptest::collection::vec((-3.0f64..3.0, -3.0f64..3.0), 200),
+    ) {
+        let scale = 2f64.powi(scale_exponent);
+        let row: Vec<f64> = row.iter().map(|v| offset * scale + v * scale).collect();
+        let eps = [0.0, 1e-5, 1.0][eps_choice] * scale * scale;
+        let d = row.len();
+        let gamma = Array1::from_iter(gamma_beta.iter().take(d).map(|p| p.0));
+        let beta = Array1::from_iter(gamma_beta.iter().take(d).map(|p| p.1));
+        let x = Array1::from(row.clone());
+        let truth = exact_layer_norm(&row, eps);
+        let plain = x.layer_norm_plain(eps).unwrap();
+        let affine = x.layer_norm(&gamma, &beta, eps).unwrap();
+        for i in 0..d {
+            proptest::prop_assert!(relative(plain[i], truth[i], 0.0) <= F64_TOLERANCE);
+            let expected = gamma[i] * truth[i] + beta[i];
+            let bound = 4.0 * f64::EPSILON * ((gamma[i] * truth[i]).abs() + beta[i].abs());
+            proptest::prop_assert!((affine[i] - expected).abs() <= bound);
+        }
+        let truth = exact_rms_norm(&row, eps);
+        let rms = x.rms_norm(&gamma, eps).unwrap();
+        for i in 0..d {
+            let expected = gamma[i] * truth[i];
+            proptest::prop_assert!(relative(rms[i], expected, 0.0) <= F64_TOLERANCE);
+        }
+    }
+}
