@@ -183,8 +183,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let mut out = Array::zeros(self.raw_dim());
         let affine = Affine::Scale(&gamma);
-        rows::map_rows(self, &mut out, d, |io| {
-            kernel::rms_norm_row(io, affine, eps)
+        rows::map_rows(self, &mut out, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, affine, eps)
         });
         Ok(out)
     }
@@ -193,8 +193,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let mut out = Array::zeros(self.raw_dim());
-        rows::map_rows(self, &mut out, d, |io| {
-            kernel::rms_norm_row(io, Affine::Identity, eps)
+        rows::map_rows(self, &mut out, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, Affine::Identity, eps)
         });
         Ok(out)
     }
@@ -208,7 +208,9 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         check::same_shape(self, out)?;
         let affine = Affine::Scale(&gamma);
-        rows::map_rows(self, out, d, |io| kernel::rms_norm_row(io, affine, eps));
+        rows::map_rows(self, out, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, affine, eps)
+        });
         Ok(())
     }
 
@@ -216,8 +218,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
-        rows::map_rows(self, out, d, |io| {
-            kernel::rms_norm_row(io, Affine::Identity, eps)
+        rows::map_rows(self, out, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, Affine::Identity, eps)
         });
         Ok(())
     }
@@ -225,15 +227,17 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm_inplace(&mut self, gamma: &ArrayRef1<A>, eps: A) -> Result<(), NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let affine = Affine::Scale(&gamma);
-        rows::map_rows_in_place(self, d, |io| kernel::rms_norm_row(io, affine, eps));
+        rows::map_rows_in_place(self, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, affine, eps)
+        });
         Ok(())
     }
 
     fn rms_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
-        rows::map_rows_in_place(self, d, |io| {
-            kernel::rms_norm_row(io, Affine::Identity, eps)
+        rows::map_rows_in_place(self, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, Affine::Identity, eps)
         });
         Ok(())
     }

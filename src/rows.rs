@@ -7,7 +7,7 @@
 
 use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis, Zip};
 
-use crate::kernel::Io;
+use crate::kernel::{Io, Isa};
 use crate::scalar::NormScalar;
 
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
@@ -16,11 +16,12 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     out: &mut ArrayRef<A, D>,
     d: usize,
-    kernel: impl Fn(Io<'_, A>),
+    kernel: impl Fn(Isa, Io<'_, A>),
 ) {
+    let isa = Isa::detect();
     if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
         for (input, output) in input.chunks_exact(d).zip(output.chunks_exact_mut(d)) {
-            kernel(Io::Copy { input, output });
+            kernel(isa, Io::Copy { input, output });
         }
         return;
     }
@@ -29,19 +30,19 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
         .and(out.rows_mut())
         .for_each(|input, mut output| match output.as_slice_mut() {
             Some(output) => match input.as_slice() {
-                Some(input) => kernel(Io::Copy { input, output }),
+                Some(input) => kernel(isa, Io::Copy { input, output }),
                 None => {
                     // Gather into the output row and normalise it there.
                     for (o, &v) in output.iter_mut().zip(&input) {
                         *o = v;
                     }
-                    kernel(Io::InPlace(output));
+                    kernel(isa, Io::InPlace(output));
                 }
             },
             None => {
                 scratch.clear();
                 scratch.extend(input.iter().copied());
-                kernel(Io::InPlace(&mut scratch));
+                kernel(isa, Io::InPlace(&mut scratch));
                 output.assign(&ndarray::aview1(&scratch));
             }
         });
@@ -51,22 +52,23 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
 pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
     x: &mut ArrayRef<A, D>,
     d: usize,
-    kernel: impl Fn(Io<'_, A>),
+    kernel: impl Fn(Isa, Io<'_, A>),
 ) {
+    let isa = Isa::detect();
     if let Some(all) = x.as_slice_mut() {
         for row in all.chunks_exact_mut(d) {
-            kernel(Io::InPlace(row));
+            kernel(isa, Io::InPlace(row));
         }
         return;
     }
     let mut scratch = Vec::new();
     for mut row in x.rows_mut() {
         match row.as_slice_mut() {
-            Some(row) => kernel(Io::InPlace(row)),
+            Some(row) => kernel(isa, Io::InPlace(row)),
             None => {
                 scratch.clear();
                 scratch.extend(row.iter().copied());
-                kernel(Io::InPlace(&mut scratch));
+                kernel(isa, Io::InPlace(&mut scratch));
                 row.assign(&ndarray::aview1(&scratch));
             }
         }
@@ -77,8 +79,9 @@ pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
 /// arrays of the leading shape.
 pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
     x: &ArrayRef<A, D>,
-    reduce: impl Fn(&[A]) -> (A, A),
+    reduce: impl Fn(Isa, &[A]) -> (A, A),
 ) -> (Array<A, D::Smaller>, Array<A, D::Smaller>) {
+    let isa = Isa::detect();
     let leading = x.raw_dim().remove_axis(Axis(x.ndim() - 1));
     let mut first = Array::zeros(leading.clone());
     let mut second = Array::zeros(leading);
@@ -88,11 +91,11 @@ pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
         .and(&mut second)
         .for_each(|row, a, b| {
             (*a, *b) = match row.as_slice() {
-                Some(row) => reduce(row),
+                Some(row) => reduce(isa, row),
                 None => {
                     scratch.clear();
                     scratch.extend(row.iter().copied());
-                    reduce(&scratch)
+                    reduce(isa, &scratch)
                 }
             };
         });

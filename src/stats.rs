@@ -56,8 +56,8 @@ impl<A: NormScalar, D: Dimension> RowStatsExt<A, D> for ArrayRef<A, D> {
         D: RemoveAxis,
     {
         check::row_length(self)?;
-        Ok(rows::reduce_rows(self, |row| {
-            let (mean, rms) = kernel::row_stats(row);
+        Ok(rows::reduce_rows(self, |isa, row| {
+            let (mean, rms) = kernel::row_stats(isa, row);
             (A::narrow(mean), A::narrow(rms))
         }))
     }
