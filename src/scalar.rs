@@ -4,6 +4,8 @@ use std::fmt::{Debug, Display};
 
 use num_traits::Float;
 
+use crate::kernel::simd::{Vector, LANES};
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
@@ -37,6 +39,12 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
     /// Rounds an accumulated value to the element type (round to nearest, ties to even).
     #[doc(hidden)]
     fn narrow(value: f64) -> Self;
+    /// Loads a chunk into a kernel vector, widening exactly.
+    #[doc(hidden)]
+    fn load<V: Vector>(chunk: &[Self; LANES]) -> V;
+    /// Stores a kernel vector, rounding each lane once.
+    #[doc(hidden)]
+    fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]);
 }
 
 impl NormScalar for f32 {
@@ -48,6 +56,14 @@ impl NormScalar for f32 {
     fn narrow(value: f64) -> Self {
         value as f32
     }
+    #[inline(always)]
+    fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
+        V::load_f32(chunk)
+    }
+    #[inline(always)]
+    fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
+        value.store_f32(chunk)
+    }
 }
 
 impl NormScalar for f64 {
@@ -58,5 +74,13 @@ impl NormScalar for f64 {
     #[inline(always)]
     fn narrow(value: f64) -> Self {
         value
+    }
+    #[inline(always)]
+    fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
+        V::load_f64(chunk)
+    }
+    #[inline(always)]
+    fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
+        value.store_f64(chunk)
     }
 }

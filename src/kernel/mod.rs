@@ -2,15 +2,17 @@
 //! contiguous row at a time, with the instruction set chosen at run time.
 //!
 //! The arithmetic is written once, in [`portable`], as `#[inline(always)]`
-//! functions over fixed lane arrays. Each entry point here takes an [`Isa`]
-//! (detected once per call by the caller) and runs that one source compiled
-//! for the chosen target features: AVX-512 or AVX2 on x86-64 through the
-//! trampolines of `x86`, and the baseline build (SSE2 on x86-64, NEON on
-//! aarch64, scalar elsewhere) otherwise. No fused multiply-add is used and
-//! the summation order is fixed by the source, so every path gives the same
-//! bits; the tests compare them.
+//! functions generic over a 16-lane [`simd::Vector`]. Each entry point here
+//! takes an [`Isa`] (detected once per call by the caller) and runs that one
+//! source with the chosen vector type and target features: AVX-512 or AVX2
+//! registers on x86-64 through the trampolines of `x86`, SSE2 registers as
+//! the x86-64 baseline, and a plain lane array elsewhere (which the compiler
+//! maps to NEON on aarch64 as far as it can). No fused multiply-add is used
+//! and the summation order is fixed by the source, so every path gives the
+//! same bits; the tests compare them, the plain lane array included.
 
 mod portable;
+pub(crate) mod simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -53,10 +55,34 @@ pub(crate) enum Affine<'a, A> {
     ScaleShift(&'a [A], &'a [A]),
 }
 
+impl<'a, A> Affine<'a, A> {
+    /// `gamma`, or an empty slice.
+    fn gamma(self) -> &'a [A] {
+        match self {
+            Affine::Identity => &[],
+            Affine::Scale(gamma) | Affine::ScaleShift(gamma, _) => gamma,
+        }
+    }
+
+    /// `beta`, or an empty slice.
+    fn beta(self) -> &'a [A] {
+        match self {
+            Affine::Identity | Affine::Scale(_) => &[],
+            Affine::ScaleShift(_, beta) => beta,
+        }
+    }
+}
+
 /// The instruction sets the kernels are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
-    /// The target's baseline: SSE2 on x86-64, NEON on aarch64.
+    /// The plain lane array, one scalar operation per lane (auto-vectorised
+    /// where the compiler manages). Never chosen on x86-64, where the SSE2
+    /// baseline is always there; kept as the reference the tests compare
+    /// every other path with.
+    Portable,
+    /// The target's baseline: SSE2 registers on x86-64, the plain lane array
+    /// elsewhere.
     Baseline,
     /// AVX2 (x86-64).
     #[cfg(target_arch = "x86_64")]
@@ -65,6 +91,12 @@ pub(crate) enum Isa {
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
+
+/// The vector type of the baseline build.
+#[cfg(target_arch = "x86_64")]
+type BaselineVector = x86::Sse2;
+#[cfg(not(target_arch = "x86_64"))]
+type BaselineVector = simd::Portable;
 
 /// The detected [`Isa`], cached: 0 = not yet detected.
 static DETECTED: AtomicU8 = AtomicU8::new(0);
@@ -86,7 +118,7 @@ impl Isa {
     /// Every instruction set this CPU supports, worst first.
     pub(crate) fn available() -> Vec<Isa> {
         #[allow(unused_mut)]
-        let mut isas = vec![Isa::Baseline];
+        let mut isas = vec![Isa::Portable, Isa::Baseline];
         #[cfg(target_arch = "x86_64")]
         {
             if x86::has_avx2() {
@@ -101,6 +133,7 @@ impl Isa {
 
     fn code(self) -> u8 {
         match self {
+            Isa::Portable => 4,
             Isa::Baseline => 1,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => 2,
@@ -115,6 +148,7 @@ impl Isa {
             2 => Isa::Avx2,
             #[cfg(target_arch = "x86_64")]
             3 => Isa::Avx512,
+            4 => Isa::Portable,
             _ => Isa::Baseline,
         }
     }
@@ -128,7 +162,8 @@ macro_rules! dispatch {
         #[inline]
         $vis fn $name<A: NormScalar>(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
             match isa {
-                Isa::Baseline => portable::$name($($arg),*),
+                Isa::Portable => portable::$name::<A, simd::Portable>($($arg),*),
+                Isa::Baseline => portable::$name::<A, BaselineVector>($($arg),*),
                 // SAFETY: `Isa::Avx2` is only constructed after
                 // `is_x86_feature_detected!` confirmed AVX2 on this CPU.
                 #[cfg(target_arch = "x86_64")]
@@ -207,7 +242,7 @@ mod tests {
             rms_norm_row(isa, Io::InPlace(&mut rms), Affine::Scale(&gamma), 0.0);
             (ln, rms, row_stats(isa, row))
         };
-        let baseline = run(Isa::Baseline);
+        let baseline = run(Isa::Portable);
         for isa in Isa::available() {
             let other = run(isa);
             assert_same_bits(&baseline.0, &other.0, &format!("layer_norm {isa:?}"));

@@ -36,20 +36,15 @@
 //!
 //! # Summation order
 //!
-//! Every sum runs over [`LANES`] independent lane accumulators: element `i`
+//! Every sum runs over the [`LANES`] lanes of a [`Vector`]: element `i`
 //! always goes to lane `i % LANES`, and the lanes are combined by a fixed
 //! halving tree. The order is written into the source, so the result bits do
-//! not depend on the target features the compiler uses to vectorise it, on
-//! the memory layout of the input, or on the thread that runs the row.
-//! No fused multiply-add is used anywhere.
+//! not depend on the instruction set, on the memory layout of the input, or
+//! on the thread that runs the row. No fused multiply-add is used anywhere.
 
+use super::simd::{Arith, Lanes, Vector, LANES};
 use super::{Affine, Io};
 use crate::scalar::NormScalar;
-
-/// Number of independent accumulators of every sum.
-pub(super) const LANES: usize = 8;
-
-type Lanes = [f64; LANES];
 
 /// Below this, a sum of squares may hold subnormal squares and so lose
 /// relative accuracy.
@@ -64,9 +59,14 @@ const EPS_HIDES_TINY: f64 = 1e-240;
 /// lose more than 2⁻²⁰ of a unit in the last place; recompute instead.
 const SHIFT_TOLERANCE: f64 = 1.0 / (1u64 << 20) as f64;
 
-/// How a value is read: as is, or times an exact power of two.
+/// Magnitudes from which a row is rescaled even if its sums are finite:
+/// the exact remainder of the mean's division splits values into halves,
+/// which must not overflow.
+const HUGE_MAGNITUDE: f64 = 1e290;
+
+/// How a chunk is read: as is, or times an exact power of two.
 trait Load: Copy {
-    fn load<A: NormScalar>(self, x: A) -> f64;
+    fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V;
 }
 
 #[derive(Clone, Copy)]
@@ -74,8 +74,8 @@ struct Unscaled;
 
 impl Load for Unscaled {
     #[inline(always)]
-    fn load<A: NormScalar>(self, x: A) -> f64 {
-        x.widen()
+    fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
+        A::load(chunk)
     }
 }
 
@@ -84,28 +84,75 @@ struct Scaled(f64);
 
 impl Load for Scaled {
     #[inline(always)]
-    fn load<A: NormScalar>(self, x: A) -> f64 {
-        x.widen() * self.0
+    fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
+        A::load::<V>(chunk) * V::splat(self.0)
     }
 }
 
-/// Feeds element `i` of `x` to `step(i % LANES, value)`, in index order per lane.
+/// A chunk-sized copy of `tail` (shorter than a chunk), padded with zeros.
 #[inline(always)]
-fn for_each_lane<A: NormScalar, L: Load>(x: &[A], load: L, mut step: impl FnMut(usize, f64)) {
-    let mut chunks = x.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (lane, &value) in chunk.iter().enumerate() {
-            step(lane, load.load(value));
-        }
+fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
+    let mut chunk = [A::zero(); LANES];
+    for (slot, &value) in chunk.iter_mut().zip(tail) {
+        *slot = value;
     }
-    for (lane, &value) in chunks.remainder().iter().enumerate() {
-        step(lane, load.load(value));
+    chunk
+}
+
+/// Accumulator state that can keep only some lanes of an update.
+trait Blend: Copy {
+    /// Lanes below `active` from `self`, the others from `old`.
+    fn blend(self, old: Self, active: usize) -> Self;
+}
+
+impl<V: Vector> Blend for V {
+    #[inline(always)]
+    fn blend(self, old: Self, active: usize) -> Self {
+        Vector::blend(self, old, active)
     }
+}
+
+impl<P: Blend, Q: Blend> Blend for (P, Q) {
+    #[inline(always)]
+    fn blend(self, old: Self, active: usize) -> Self {
+        (self.0.blend(old.0, active), self.1.blend(old.1, active))
+    }
+}
+
+/// One step of a fold over a row. Written as a struct with an
+/// `#[inline(always)]` method rather than as a closure: a closure is compiled
+/// on its own, without the trampoline's target features, and the vector
+/// instructions inside it would then be calls.
+trait Fold<V>: Copy {
+    type State: Blend;
+    fn step(self, state: Self::State, value: V) -> Self::State;
+}
+
+/// Folds over the row one vector at a time: element `i` goes to lane
+/// `i % LANES`. The last, partial chunk is padded with zeros, and only its
+/// real lanes keep the update.
+#[inline(always)]
+fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
+    x: &[A],
+    load: L,
+    init: F::State,
+    fold: F,
+) -> F::State {
+    let (chunks, tail) = x.as_chunks::<LANES>();
+    let mut state = init;
+    for chunk in chunks {
+        state = fold.step(state, load.load(chunk));
+    }
+    if !tail.is_empty() {
+        let update = fold.step(state, load.load(&padded(tail)));
+        state = update.blend(state, tail.len());
+    }
+    state
 }
 
 /// Knuth's TwoSum: `sum + err == a + b` exactly, whatever the magnitudes.
 #[inline(always)]
-fn two_sum(a: f64, b: f64) -> (f64, f64) {
+fn two_sum<T: Arith>(a: T, b: T) -> (T, T) {
     let sum = a + b;
     let b_part = sum - a;
     let a_part = sum - b_part;
@@ -118,25 +165,27 @@ fn two_sum(a: f64, b: f64) -> (f64, f64) {
 /// separately, so the total is accurate to about one rounding of the result
 /// plus `d · 2⁻¹⁰⁶ · Σ|terms|`, independent of the order of magnitudes.
 #[derive(Clone, Copy)]
-struct CompensatedSum {
-    high: Lanes,
-    low: Lanes,
+struct CompensatedSum<V> {
+    high: V,
+    low: V,
 }
 
-impl CompensatedSum {
+impl<V: Vector> CompensatedSum<V> {
     #[inline(always)]
     fn new() -> Self {
         CompensatedSum {
-            high: [0.0; LANES],
-            low: [0.0; LANES],
+            high: V::splat(0.0),
+            low: V::splat(0.0),
         }
     }
 
     #[inline(always)]
-    fn add(&mut self, lane: usize, value: f64) {
-        let (sum, err) = two_sum(self.high[lane], value);
-        self.high[lane] = sum;
-        self.low[lane] += err;
+    fn add(self, value: V) -> Self {
+        let (high, err) = two_sum(self.high, value);
+        CompensatedSum {
+            high,
+            low: self.low + err,
+        }
     }
 
     /// The sum rounded to `f64`.
@@ -151,7 +200,8 @@ impl CompensatedSum {
     /// combination: the sum as `hi + lo`.
     #[inline(always)]
     fn total_pair(self) -> Pair {
-        let CompensatedSum { mut high, mut low } = self;
+        let mut high: Lanes = self.high.to_lanes();
+        let mut low: Lanes = self.low.to_lanes();
         let mut width = LANES;
         while width > 1 {
             width /= 2;
@@ -163,6 +213,16 @@ impl CompensatedSum {
         }
         let (hi, lo) = two_sum(high[0], low[0]);
         Pair { hi, lo }
+    }
+}
+
+impl<V: Vector> Blend for CompensatedSum<V> {
+    #[inline(always)]
+    fn blend(self, old: Self, active: usize) -> Self {
+        CompensatedSum {
+            high: self.high.blend(old.high, active),
+            low: self.low.blend(old.low, active),
+        }
     }
 }
 
@@ -217,80 +277,101 @@ struct Spread {
 }
 
 impl Spread {
+    #[inline(always)]
     fn magnitude(&self) -> f64 {
         self.min.abs().max(self.max.abs())
     }
 }
 
 #[inline(always)]
-fn spread<A: NormScalar, L: Load>(x: &[A], load: L) -> Spread {
-    let first = x.first().map_or(0.0, |&v| load.load(v));
-    let mut sum = CompensatedSum::new();
-    let mut min = [first; LANES];
-    let mut max = [first; LANES];
-    for_each_lane(x, load, |lane, value| {
-        sum.add(lane, value);
-        // Written as selects so that they compile to vector min/max.
-        min[lane] = if value < min[lane] { value } else { min[lane] };
-        max[lane] = if value > max[lane] { value } else { max[lane] };
-    });
+fn spread<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> Spread {
+    let first = match x.first() {
+        Some(&v) => load.load::<A, V>(&[v; LANES]).to_lanes()[0],
+        None => 0.0,
+    };
+    let init = (
+        CompensatedSum::<V>::new(),
+        (V::splat(first), V::splat(first)),
+    );
+    let (sum, (min, max)) = fold_row(x, load, init, SpreadFold);
     Spread {
         sum: sum.total_pair(),
-        min: min.iter().fold(first, |a, &b| if b < a { b } else { a }),
-        max: max.iter().fold(first, |a, &b| if b > a { b } else { a }),
+        min: min.to_lanes().into_iter().fold(first, f64::min_select),
+        max: max.to_lanes().into_iter().fold(first, f64::max_select),
     }
 }
 
-/// Compensated `Σ (xᵢ - base)²`.
-#[inline(always)]
-fn deviation_square_sum<A: NormScalar, L: Load>(x: &[A], load: L, base: f64) -> f64 {
-    let mut squares = CompensatedSum::new();
-    for_each_lane(x, load, |lane, value| {
-        let dev = value - base;
-        squares.add(lane, dev * dev);
-    });
-    squares.total()
+#[derive(Clone, Copy)]
+struct SpreadFold;
+
+impl<V: Vector> Fold<V> for SpreadFold {
+    type State = (CompensatedSum<V>, (V, V));
+    #[inline(always)]
+    fn step(self, (sum, (min, max)): Self::State, v: V) -> Self::State {
+        (sum.add(v), (min.min_select(v), max.max_select(v)))
+    }
 }
 
-/// Compensated `Σ ((xᵢ - base) - shift)²`.
+/// Compensated `Σ ((xᵢ - base) - shift)²`, with `shift = 0` for the usual
+/// `Σ (xᵢ - base)²` (subtracting zero is exact, so one fold serves both).
+#[derive(Clone, Copy)]
+struct CentredSquares<V> {
+    base: V,
+    shift: V,
+}
+
+impl<V: Vector> Fold<V> for CentredSquares<V> {
+    type State = CompensatedSum<V>;
+    #[inline(always)]
+    fn step(self, squares: Self::State, v: V) -> Self::State {
+        let dev = (v - self.base) - self.shift;
+        squares.add(dev * dev)
+    }
+}
+
 #[inline(always)]
-fn centred_square_sum<A: NormScalar, L: Load>(x: &[A], load: L, base: f64, shift: f64) -> f64 {
-    let mut squares = CompensatedSum::new();
-    for_each_lane(x, load, |lane, value| {
-        let dev = (value - base) - shift;
-        squares.add(lane, dev * dev);
-    });
-    squares.total()
+fn centred_square_sum<A: NormScalar, V: Vector, L: Load>(
+    x: &[A],
+    load: L,
+    base: f64,
+    shift: f64,
+) -> f64 {
+    let fold = CentredSquares {
+        base: V::splat(base),
+        shift: V::splat(shift),
+    };
+    fold_row(x, load, CompensatedSum::new(), fold).total()
 }
 
 /// Compensated `Σ xᵢ²`.
-#[inline(always)]
-fn square_sum<A: NormScalar, L: Load>(x: &[A], load: L) -> f64 {
-    let mut squares = CompensatedSum::new();
-    for_each_lane(x, load, |lane, value| squares.add(lane, value * value));
-    squares.total()
+#[derive(Clone, Copy)]
+struct Squares;
+
+impl<V: Vector> Fold<V> for Squares {
+    type State = CompensatedSum<V>;
+    #[inline(always)]
+    fn step(self, squares: Self::State, v: V) -> Self::State {
+        squares.add(v * v)
+    }
 }
 
 #[inline(always)]
+fn square_sum<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> f64 {
+    fold_row(x, load, CompensatedSum::<V>::new(), Squares).total()
+}
+
 fn max_abs<A: NormScalar>(x: &[A]) -> f64 {
     x.iter().fold(0.0, |m: f64, &v| m.max(v.widen().abs()))
 }
 
-#[inline(always)]
 fn all_finite<A: NormScalar>(x: &[A]) -> bool {
     x.iter().all(|v| v.is_finite())
 }
-
-/// Magnitudes from which a row is rescaled even if its sums are finite:
-/// the exact remainder of the mean's division splits values into halves,
-/// which must not overflow.
-const HUGE_MAGNITUDE: f64 = 1e290;
 
 /// The power of two that brings `magnitude` (finite, positive) into
 /// `[1/2, 1)`, limited to `2^±1000` so that the factor itself stays normal.
 /// Within that limit the squares of the scaled row can neither overflow nor
 /// become subnormal.
-#[inline(always)]
 fn scale_towards_one(magnitude: f64) -> f64 {
     let biased_exponent = ((magnitude.to_bits() >> 52) & 0x7ff) as i32;
     let k = (1022 - biased_exponent).clamp(-1000, 1000);
@@ -334,8 +415,8 @@ pub(super) enum Centring {
 
 /// LayerNorm statistics of one row (`x` non-empty).
 #[inline(always)]
-pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Centring {
-    let spread_ = spread(x, Unscaled);
+pub(super) fn centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+    let spread_ = spread::<A, V, _>(x, Unscaled);
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
         return Centring::NotFinite;
@@ -344,19 +425,26 @@ pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Centring {
         return Centring::Constant;
     }
     if spread_.sum.hi.is_finite() && spread_.magnitude() < HUGE_MAGNITUDE {
-        if let Some(centring) = centre(x, Unscaled, spread_.sum, eps, None) {
+        if let Some(centring) = centre::<A, V, _>(x, Unscaled, spread_.sum, eps, None) {
             return centring;
         }
     }
-    let scale = scale_towards_one(spread_.magnitude());
-    let scaled_sum = spread(x, Scaled(scale)).sum;
-    centre(x, Scaled(scale), scaled_sum, eps, Some(scale)).unwrap_or(Centring::NotFinite)
+    rescaled_centring::<A, V>(x, eps, spread_.magnitude())
+}
+
+/// [`centring`] of a row whose squares overflow or underflow: computed on
+/// `x · 2ᵏ`. Rare, so kept out of line.
+#[inline(never)]
+fn rescaled_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64, magnitude: f64) -> Centring {
+    let scale = scale_towards_one(magnitude);
+    let scaled_sum = spread::<A, V, _>(x, Scaled(scale)).sum;
+    centre::<A, V, _>(x, Scaled(scale), scaled_sum, eps, Some(scale)).unwrap_or(Centring::NotFinite)
 }
 
 /// Passes 2 and 3 of the scheme in the module docs. `scale` is `None` on the
 /// first attempt, which returns `None` when the row needs rescaling.
 #[inline(always)]
-fn centre<A: NormScalar, L: Load>(
+fn centre<A: NormScalar, V: Vector, L: Load>(
     x: &[A],
     load: L,
     sum: Pair,
@@ -368,7 +456,7 @@ fn centre<A: NormScalar, L: Load>(
         hi: base,
         lo: shift,
     } = sum.divide(d);
-    let squares = deviation_square_sum(x, load, base);
+    let squares = centred_square_sum::<A, V, L>(x, load, base, 0.0);
     if scale.is_none() && (!squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
     {
         return None;
@@ -377,7 +465,7 @@ fn centre<A: NormScalar, L: Load>(
     let var = if shift * shift <= mean_square * SHIFT_TOLERANCE {
         mean_square - shift * shift
     } else {
-        centred_square_sum(x, load, base, shift) / d
+        centred_square_sum::<A, V, L>(x, load, base, shift) / d
     };
     let scale = scale.unwrap_or(1.0);
     Some(Centring::Centred {
@@ -391,21 +479,28 @@ fn centre<A: NormScalar, L: Load>(
 /// RMSNorm scale of one row (`x` non-empty): `nᵢ = xᵢ · scale · inv_rms`,
 /// or `None` if the row holds a NaN or an infinity.
 #[inline(always)]
-pub(super) fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)> {
+pub(super) fn rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
     let d = x.len() as f64;
-    let squares = square_sum(x, Unscaled);
+    let squares = square_sum::<A, V, _>(x, Unscaled);
     if squares.is_finite() && !(squares < TINY_SQUARES && eps < EPS_HIDES_TINY) {
         return Some((1.0, inverse_root(squares / d, eps, 1.0)));
     }
+    rescaled_rms_scaling::<A, V>(x, eps)
+}
+
+/// [`rms_scaling`] of a row whose squares overflow or underflow. Rare.
+#[inline(never)]
+fn rescaled_rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
     if !all_finite(x) {
         return None;
     }
+    let d = x.len() as f64;
     let magnitude = max_abs(x);
     if magnitude == 0.0 {
         return Some((1.0, inverse_root(0.0, eps, 1.0)));
     }
     let scale = scale_towards_one(magnitude);
-    let scaled_squares = square_sum(x, Scaled(scale));
+    let scaled_squares = square_sum::<A, V, _>(x, Scaled(scale));
     Some((scale, inverse_root(scaled_squares / d, eps, scale)))
 }
 
@@ -417,16 +512,19 @@ pub(super) fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)
 /// IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
 #[inline(always)]
-pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
+pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
     let d = x.len() as f64;
-    let spread_ = spread(x, Unscaled);
+    let spread_ = spread::<A, V, _>(x, Unscaled);
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
-        return (spread_.sum.hi / d, (square_sum(x, Unscaled) / d).sqrt());
+        // Plain sums: compensation would turn ∞ - ∞ into NaN.
+        let sum: f64 = x.iter().map(|v| v.widen()).sum();
+        let squares: f64 = x.iter().map(|v| v.widen() * v.widen()).sum();
+        return (sum / d, (squares / d).sqrt());
     }
     if spread_.min == spread_.max {
         return (spread_.min, spread_.min.abs());
     }
-    let squares = square_sum(x, Unscaled);
+    let squares = square_sum::<A, V, _>(x, Unscaled);
     // Rescale where a sum overflowed, the square sum may hold subnormal
     // squares, or the division's exact remainder could overflow.
     if spread_.sum.hi.is_finite()
@@ -438,63 +536,174 @@ pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
         return (mean.hi + mean.lo, (squares / d).sqrt());
     }
     let scale = scale_towards_one(spread_.magnitude());
-    let mean = spread(x, Scaled(scale)).sum.divide(d);
-    let squares = square_sum(x, Scaled(scale));
+    let mean = spread::<A, V, _>(x, Scaled(scale)).sum.divide(d);
+    let squares = square_sum::<A, V, _>(x, Scaled(scale));
     ((mean.hi + mean.lo) / scale, (squares / d).sqrt() / scale)
 }
 
-/// Writes `affine(norm(xᵢ))` for every element of the row.
+/// Normalisation of one vector of inputs (a struct, not a closure, for the
+/// reason given at [`Fold`]).
+trait Normalise<V>: Copy {
+    fn apply(self, x: V) -> V;
+}
+
+/// `((x · scale - base) - shift) · inv_std`; the `scale` multiplication is
+/// skipped when it is 1 (multiplying by 1 is exact, so the bits agree).
+#[derive(Clone, Copy)]
+struct Centre<V> {
+    scale: Option<V>,
+    base: V,
+    shift: V,
+    inv_std: V,
+}
+
+impl<V: Vector> Normalise<V> for Centre<V> {
+    #[inline(always)]
+    fn apply(self, x: V) -> V {
+        let x = match self.scale {
+            Some(scale) => x * scale,
+            None => x,
+        };
+        ((x - self.base) - self.shift) * self.inv_std
+    }
+}
+
+/// `(x · scale) · inv_rms`, the `scale` multiplication skipped when it is 1.
+#[derive(Clone, Copy)]
+struct Rescale<V> {
+    scale: Option<V>,
+    inv_rms: V,
+}
+
+impl<V: Vector> Normalise<V> for Rescale<V> {
+    #[inline(always)]
+    fn apply(self, x: V) -> V {
+        let x = match self.scale {
+            Some(scale) => x * scale,
+            None => x,
+        };
+        x * self.inv_rms
+    }
+}
+
+/// `Some(splat(scale))` unless `scale` is 1.
 #[inline(always)]
-fn write_row<A: NormScalar>(io: Io<'_, A>, affine: Affine<'_, A>, norm: impl Fn(f64) -> f64) {
-    match (io, affine) {
-        (Io::Copy { input, output }, Affine::Identity) => {
-            for (y, &x) in output.iter_mut().zip(input) {
-                *y = A::narrow(norm(x.widen()));
-            }
+fn optional_scale<V: Vector>(scale: f64) -> Option<V> {
+    (scale != 1.0).then(|| V::splat(scale))
+}
+
+/// Writes `affine(norm(xᵢ))` for every element of the row, each rounded
+/// once to the element type. The source of each chunk is a copy of its
+/// destination when the row is normalised in place; the last, partial chunk
+/// is padded with zeros and only its real elements are written.
+#[inline(always)]
+fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
+    io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    norm: N,
+) {
+    let (gamma_chunks, gamma_tail) = feature_chunks(affine.gamma());
+    let (beta_chunks, beta_tail) = feature_chunks(affine.beta());
+    let (sources, destinations, tail) = match io {
+        Io::Copy { input, output } => {
+            let (sources, source_tail) = input.as_chunks::<LANES>();
+            let (destinations, destination_tail) = output.as_chunks_mut::<LANES>();
+            (
+                ChunkSource::Separate(sources),
+                destinations,
+                (padded(source_tail), destination_tail),
+            )
         }
-        (Io::Copy { input, output }, Affine::Scale(gamma)) => {
-            for ((y, &x), &g) in output.iter_mut().zip(input).zip(gamma) {
-                *y = A::narrow(norm(x.widen()) * g.widen());
-            }
+        Io::InPlace(row) => {
+            let (chunks, tail) = row.as_chunks_mut::<LANES>();
+            (ChunkSource::Destination, chunks, (padded(tail), tail))
         }
-        (Io::Copy { input, output }, Affine::ScaleShift(gamma, beta)) => {
-            for (((y, &x), &g), &b) in output.iter_mut().zip(input).zip(gamma).zip(beta) {
-                *y = A::narrow(norm(x.widen()) * g.widen() + b.widen());
-            }
+    };
+    for (k, destination) in destinations.iter_mut().enumerate() {
+        let source = match sources {
+            ChunkSource::Separate(sources) => sources.get(k).copied(),
+            ChunkSource::Destination => Some(*destination),
+        };
+        if let Some(source) = source {
+            let value = write_chunk(
+                &source,
+                affine,
+                gamma_chunks.get(k),
+                beta_chunks.get(k),
+                norm,
+            );
+            A::store(value, destination);
         }
-        (Io::InPlace(row), Affine::Identity) => {
-            for y in row.iter_mut() {
-                *y = A::narrow(norm(y.widen()));
-            }
-        }
-        (Io::InPlace(row), Affine::Scale(gamma)) => {
-            for (y, &g) in row.iter_mut().zip(gamma) {
-                *y = A::narrow(norm(y.widen()) * g.widen());
-            }
-        }
-        (Io::InPlace(row), Affine::ScaleShift(gamma, beta)) => {
-            for ((y, &g), &b) in row.iter_mut().zip(gamma).zip(beta) {
-                *y = A::narrow(norm(y.widen()) * g.widen() + b.widen());
-            }
+    }
+    let (source_tail, destination_tail) = tail;
+    if !destination_tail.is_empty() {
+        let value = write_chunk(
+            &source_tail,
+            affine,
+            Some(&gamma_tail),
+            Some(&beta_tail),
+            norm,
+        );
+        let mut chunk = [A::zero(); LANES];
+        A::store(value, &mut chunk);
+        for (out, value) in destination_tail.iter_mut().zip(chunk) {
+            *out = value;
         }
     }
 }
 
+/// Where [`write_row`] reads its chunks.
+#[derive(Clone, Copy)]
+enum ChunkSource<'a, A> {
+    Separate(&'a [[A; LANES]]),
+    Destination,
+}
+
+/// One output vector: `norm(x) · γ + β`, `norm(x) · γ` or `norm(x)`.
+#[inline(always)]
+fn write_chunk<A: NormScalar, V: Vector, N: Normalise<V>>(
+    source: &[A; LANES],
+    affine: Affine<'_, A>,
+    gamma: Option<&[A; LANES]>,
+    beta: Option<&[A; LANES]>,
+    norm: N,
+) -> V {
+    let n = norm.apply(A::load(source));
+    match (affine, gamma, beta) {
+        (Affine::ScaleShift(..), Some(g), Some(b)) => n * A::load(g) + A::load(b),
+        (Affine::Scale(_), Some(g), _) => n * A::load(g),
+        _ => n,
+    }
+}
+
+/// The chunks of a per-feature vector, with its last partial chunk padded.
+#[inline(always)]
+fn feature_chunks<A: NormScalar>(v: &[A]) -> (&[[A; LANES]], [A; LANES]) {
+    let (chunks, tail) = v.as_chunks::<LANES>();
+    (chunks, padded(tail))
+}
+
 /// LayerNorm of one row.
 #[inline(always)]
-pub(super) fn layer_norm_row<A: NormScalar>(mut io: Io<'_, A>, affine: Affine<'_, A>, eps: f64) {
-    match centring(io.input(), eps) {
+pub(super) fn layer_norm_row<A: NormScalar, V: Vector>(
+    mut io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    eps: f64,
+) {
+    match centring::<A, V>(io.input(), eps) {
         Centring::Centred {
             scale,
             base,
             shift,
             inv_std,
         } => {
-            if scale == 1.0 {
-                write_row(io, affine, |x| ((x - base) - shift) * inv_std);
-            } else {
-                write_row(io, affine, |x| ((x * scale - base) - shift) * inv_std);
-            }
+            let norm = Centre {
+                scale: optional_scale::<V>(scale),
+                base: V::splat(base),
+                shift: V::splat(shift),
+                inv_std: V::splat(inv_std),
+            };
+            write_row(io, affine, norm);
         }
         // The normalised value is exactly 0, so the output is exactly beta
         // (copied, so that even the sign of a zero beta survives).
@@ -508,14 +717,18 @@ pub(super) fn layer_norm_row<A: NormScalar>(mut io: Io<'_, A>, affine: Affine<'_
 
 /// RMSNorm of one row.
 #[inline(always)]
-pub(super) fn rms_norm_row<A: NormScalar>(mut io: Io<'_, A>, affine: Affine<'_, A>, eps: f64) {
-    match rms_scaling(io.input(), eps) {
+pub(super) fn rms_norm_row<A: NormScalar, V: Vector>(
+    mut io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    eps: f64,
+) {
+    match rms_scaling::<A, V>(io.input(), eps) {
         Some((scale, inv_rms)) => {
-            if scale == 1.0 {
-                write_row(io, affine, |x| x * inv_rms);
-            } else {
-                write_row(io, affine, |x| (x * scale) * inv_rms);
-            }
+            let norm = Rescale {
+                scale: optional_scale::<V>(scale),
+                inv_rms: V::splat(inv_rms),
+            };
+            write_row(io, affine, norm);
         }
         None => io.output().fill(A::nan()),
     }
@@ -523,6 +736,7 @@ pub(super) fn rms_norm_row<A: NormScalar>(mut io: Io<'_, A>, affine: Affine<'_, 
 
 #[cfg(test)]
 mod tests {
+    use super::super::simd::Portable;
     use super::*;
 
     #[test]
@@ -534,11 +748,11 @@ mod tests {
 
     #[test]
     fn compensated_sum_keeps_what_plain_sum_drops() {
-        let mut sum = CompensatedSum::new();
+        let mut sum = CompensatedSum::<Portable>::new();
         for v in [1e16, 1.0, -1e16, 1.0] {
-            sum.add(0, v);
+            sum = sum.add(Portable::splat(v));
         }
-        assert_eq!(sum.total(), 2.0);
+        assert_eq!(sum.total(), 2.0 * LANES as f64);
     }
 
     const _: () = assert!(EPS_HIDES_TINY / TINY_SQUARES > 1e18); // more than 2⁵³
@@ -556,8 +770,16 @@ mod tests {
 
     #[test]
     fn row_stats_of_overflowing_row() {
-        let (mean, rms) = row_stats(&[1.5e308, 1.5e308, 1.0e308]);
+        let (mean, rms) = row_stats::<f64, Portable>(&[1.5e308, 1.5e308, 1.0e308]);
         assert!((mean - 1.0e308 * (4.0 / 3.0)).abs() <= 1e293, "{mean}");
         assert!(rms.is_finite() && rms > 1.3e308);
+    }
+
+    #[test]
+    fn row_stats_of_infinite_row_follows_ieee() {
+        let (mean, rms) = row_stats::<f64, Portable>(&[1.0, f64::INFINITY]);
+        assert_eq!((mean, rms), (f64::INFINITY, f64::INFINITY));
+        let (mean, rms) = row_stats::<f32, Portable>(&[f32::NEG_INFINITY, 2.0]);
+        assert_eq!((mean, rms), (f64::NEG_INFINITY, f64::INFINITY));
     }
 }

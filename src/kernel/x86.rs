@@ -1,7 +1,24 @@
-//! Target-feature trampolines for x86-64: the portable kernels compiled with
-//! AVX2 or AVX-512 enabled. Each trampoline only calls the portable
-//! function, whose body (all `#[inline(always)]`) is then generated for those
-//! features.
+//! x86-64: the kernel vector as SSE2, AVX2 and AVX-512 registers, and the
+//! target-feature trampolines that compile the portable kernels for each.
+//!
+//! Each vector type holds the 16 lanes of [`Vector`] in as many registers as
+//! it takes (8 SSE2, 4 AVX2, 2 AVX-512), lane `l` in register `l / width`,
+//! element `l % width`, and maps every lane operation to the one instruction
+//! that performs it: `addpd`, `subpd`, `mulpd`, `minpd`/`maxpd` (whose "second
+//! operand unless the first is smaller/larger" rule is exactly
+//! [`Arith::min_select`] / [`Arith::max_select`] with the operands swapped),
+//! `cvtps2pd` (exact) and `cvtpd2ps` (round to nearest). So every type gives
+//! the bits of the portable array.
+//!
+//! The vector types are private to the kernels. Their methods execute the
+//! instructions of their feature set, so they must only run inside the
+//! trampolines below, which are only called after feature detection; that
+//! is the safety argument of every `unsafe` block in this file.
+
+use std::arch::x86_64::*;
+use std::ops::{Add, Mul, Sub};
+
+use super::simd::{Arith, Lanes, Vector, LANES};
 
 pub(super) fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
@@ -14,8 +31,178 @@ pub(super) fn has_avx512() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
+/// Defines a vector type of `$count` registers of `$width` lanes.
+macro_rules! vector_type {
+    (
+        $(#[$doc:meta])*
+        $name:ident, $register:ty, $width:literal, $count:literal,
+        add: $add:ident, sub: $sub:ident, mul: $mul:ident, min: $min:ident, max: $max:ident,
+        splat: $splat:ident, load: $load:ident, store: $store:ident,
+        load_f32: |$load_src:ident| $load_f32:expr,
+        store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr $(,)?
+    ) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        pub(super) struct $name([$register; $count]);
+
+        // No closures below: an intrinsic inlines only into code compiled
+        // with its features, and a closure body is compiled without them.
+
+        impl Add for $name {
+            type Output = Self;
+            #[inline(always)]
+            fn add(self, other: Self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    out[i] = unsafe { $add(self.0[i], other.0[i]) };
+                }
+                $name(out)
+            }
+        }
+
+        impl Sub for $name {
+            type Output = Self;
+            #[inline(always)]
+            fn sub(self, other: Self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    out[i] = unsafe { $sub(self.0[i], other.0[i]) };
+                }
+                $name(out)
+            }
+        }
+
+        impl Mul for $name {
+            type Output = Self;
+            #[inline(always)]
+            fn mul(self, other: Self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    out[i] = unsafe { $mul(self.0[i], other.0[i]) };
+                }
+                $name(out)
+            }
+        }
+
+        impl Arith for $name {
+            #[inline(always)]
+            fn splat(value: f64) -> Self {
+                // SAFETY: see the module docs: only reached with the features enabled.
+                $name([unsafe { $splat(value) }; $count])
+            }
+            #[inline(always)]
+            fn min_select(self, other: Self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    // min(other, self) = if other < self { other } else { self }.
+                    out[i] = unsafe { $min(other.0[i], self.0[i]) };
+                }
+                $name(out)
+            }
+            #[inline(always)]
+            fn max_select(self, other: Self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    // max(other, self) = if other > self { other } else { self }.
+                    out[i] = unsafe { $max(other.0[i], self.0[i]) };
+                }
+                $name(out)
+            }
+        }
+
+        impl Vector for $name {
+            #[inline(always)]
+            fn to_lanes(self) -> Lanes {
+                let mut lanes = [0.0; LANES];
+                self.store_f64(&mut lanes);
+                lanes
+            }
+            #[inline(always)]
+            fn from_lanes(lanes: &Lanes) -> Self {
+                Self::load_f64(lanes)
+            }
+            #[inline(always)]
+            fn load_f64(chunk: &[f64; LANES]) -> Self {
+                let mut out = Self::splat(0.0).0;
+                for i in 0..$count {
+                    // SAFETY: `i * $width + $width <= LANES`, so the read stays
+                    // inside `chunk`; unaligned loads; features: module docs.
+                    out[i] = unsafe { $load(chunk.as_ptr().add(i * $width)) };
+                }
+                $name(out)
+            }
+            #[inline(always)]
+            fn load_f32(chunk: &[f32; LANES]) -> Self {
+                let mut out = Self::splat(0.0).0;
+                for i in 0..$count {
+                    // SAFETY: `i * $width + $width <= LANES`, so the read stays
+                    // inside `chunk`; unaligned loads; features: module docs.
+                    out[i] = unsafe {
+                        let $load_src = chunk.as_ptr().add(i * $width);
+                        $load_f32
+                    };
+                }
+                $name(out)
+            }
+            #[inline(always)]
+            fn store_f64(self, chunk: &mut [f64; LANES]) {
+                for (i, register) in self.0.into_iter().enumerate() {
+                    // SAFETY: `i * $width + $width <= LANES`, so the write stays
+                    // inside `chunk`; unaligned stores; features: module docs.
+                    unsafe { $store(chunk.as_mut_ptr().add(i * $width), register) }
+                }
+            }
+            #[inline(always)]
+            fn store_f32(self, chunk: &mut [f32; LANES]) {
+                for (i, $store_value) in self.0.into_iter().enumerate() {
+                    // SAFETY: `i * $width + $width <= LANES`, so the write stays
+                    // inside `chunk`; unaligned stores; features: module docs.
+                    unsafe {
+                        let $store_dst = chunk.as_mut_ptr().add(i * $width);
+                        $store_f32
+                    }
+                }
+            }
+        }
+    };
+}
+
+vector_type! {
+    /// 16 lanes in 8 SSE2 registers (the x86-64 baseline).
+    Sse2, __m128d, 2, 8,
+    add: _mm_add_pd, sub: _mm_sub_pd, mul: _mm_mul_pd, min: _mm_min_pd, max: _mm_max_pd,
+    splat: _mm_set1_pd, load: _mm_loadu_pd, store: _mm_storeu_pd,
+    load_f32: |src| _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(src as *const __m128i))),
+    store_f32: |value, dst| _mm_storel_epi64(dst as *mut __m128i, _mm_castps_si128(_mm_cvtpd_ps(value))),
+}
+
+vector_type! {
+    /// 16 lanes in 4 AVX registers.
+    Avx2, __m256d, 4, 4,
+    add: _mm256_add_pd, sub: _mm256_sub_pd, mul: _mm256_mul_pd, min: _mm256_min_pd, max: _mm256_max_pd,
+    splat: _mm256_set1_pd, load: _mm256_loadu_pd, store: _mm256_storeu_pd,
+    load_f32: |src| _mm256_cvtps_pd(_mm_loadu_ps(src)),
+    store_f32: |value, dst| _mm_storeu_ps(dst, _mm256_cvtpd_ps(value)),
+}
+
+vector_type! {
+    /// 16 lanes in 2 AVX-512 registers.
+    Avx512, __m512d, 8, 2,
+    add: _mm512_add_pd, sub: _mm512_sub_pd, mul: _mm512_mul_pd, min: _mm512_min_pd, max: _mm512_max_pd,
+    splat: _mm512_set1_pd, load: _mm512_loadu_pd, store: _mm512_storeu_pd,
+    load_f32: |src| _mm512_cvtps_pd(_mm256_loadu_ps(src)),
+    store_f32: |value, dst| _mm256_storeu_ps(dst, _mm512_cvtpd_ps(value)),
+}
+
+/// Declares the trampolines of one feature set: each compiles a portable
+/// kernel for that set's vector type.
 macro_rules! trampolines {
-    ($features:literal) => {
+    ($features:literal, $vector:ty) => {
         use super::super::portable;
         use super::super::{Affine, Io};
         use crate::scalar::NormScalar;
@@ -28,7 +215,7 @@ macro_rules! trampolines {
             affine: Affine<'_, A>,
             eps: f64,
         ) {
-            portable::layer_norm_row(io, affine, eps)
+            portable::layer_norm_row::<A, $vector>(io, affine, eps)
         }
 
         /// # Safety
@@ -39,22 +226,22 @@ macro_rules! trampolines {
             affine: Affine<'_, A>,
             eps: f64,
         ) {
-            portable::rms_norm_row(io, affine, eps)
+            portable::rms_norm_row::<A, $vector>(io, affine, eps)
         }
 
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
         pub(in crate::kernel) unsafe fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
-            portable::row_stats(x)
+            portable::row_stats::<A, $vector>(x)
         }
     };
 }
 
 pub(super) mod avx2 {
-    trampolines!("avx2");
+    trampolines!("avx2", super::Avx2);
 }
 
 pub(super) mod avx512 {
-    trampolines!("avx512f,avx512vl,avx512dq,avx512bw");
+    trampolines!("avx512f,avx512vl,avx512dq,avx512bw", super::Avx512);
 }

@@ -1,0 +1,151 @@
+//! The vector type the kernels are written against: [`LANES`] `f64` lanes
+//! with lane-wise IEEE arithmetic.
+//!
+//! Every implementation (the portable array here, and the SSE2, AVX2 and
+//! AVX-512 registers of `x86`) performs exactly the same correctly rounded
+//! operation in every lane, and element `i` of a chunk always lands in lane
+//! `i`. The kernels therefore produce the same bits on every path.
+
+use std::ops::{Add, Mul, Sub};
+
+/// Number of lanes of every vector, and so of every accumulator.
+pub(crate) const LANES: usize = 16;
+
+/// One value per lane, in lane order.
+pub(crate) type Lanes = [f64; LANES];
+
+/// Lane-wise arithmetic shared by vectors and plain `f64` (the latter for
+/// the once-per-row scalar steps). Crate-private like [`Vector`].
+pub trait Arith: Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> {
+    /// Every lane set to `value`.
+    fn splat(value: f64) -> Self;
+    /// Per lane: `if other < self { other } else { self }`.
+    fn min_select(self, other: Self) -> Self;
+    /// Per lane: `if other > self { other } else { self }`.
+    fn max_select(self, other: Self) -> Self;
+}
+
+impl Arith for f64 {
+    #[inline(always)]
+    fn splat(value: f64) -> Self {
+        value
+    }
+    #[inline(always)]
+    fn min_select(self, other: Self) -> Self {
+        if other < self {
+            other
+        } else {
+            self
+        }
+    }
+    #[inline(always)]
+    fn max_select(self, other: Self) -> Self {
+        if other > self {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// A vector of [`LANES`] lanes that loads and stores the element types.
+///
+/// This is a `pub` trait in a private module so that the sealed
+/// `NormScalar` can name it; it is not reachable from outside the crate.
+pub trait Vector: Arith {
+    /// The lanes as an array.
+    fn to_lanes(self) -> Lanes;
+    /// A vector from an array of lanes.
+    fn from_lanes(lanes: &Lanes) -> Self;
+    /// Loads 16 `f64`.
+    fn load_f64(chunk: &[f64; LANES]) -> Self;
+    /// Loads 16 `f32`, widened exactly.
+    fn load_f32(chunk: &[f32; LANES]) -> Self;
+    /// Stores 16 `f64`.
+    fn store_f64(self, chunk: &mut [f64; LANES]);
+    /// Stores 16 `f32`, each rounded to nearest (ties to even).
+    fn store_f32(self, chunk: &mut [f32; LANES]);
+
+    /// Lanes below `active` from `self`, the others from `old`.
+    #[inline(always)]
+    fn blend(self, old: Self, active: usize) -> Self {
+        let new = self.to_lanes();
+        let mut lanes = old.to_lanes();
+        for (lane, value) in lanes.iter_mut().zip(new).take(active) {
+            *lane = value;
+        }
+        Self::from_lanes(&lanes)
+    }
+}
+
+/// The portable vector: a plain array, one scalar operation per lane.
+#[derive(Clone, Copy)]
+pub(crate) struct Portable(Lanes);
+
+impl Add for Portable {
+    type Output = Self;
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l] + other.0[l]))
+    }
+}
+
+impl Sub for Portable {
+    type Output = Self;
+    #[inline(always)]
+    fn sub(self, other: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l] - other.0[l]))
+    }
+}
+
+impl Mul for Portable {
+    type Output = Self;
+    #[inline(always)]
+    fn mul(self, other: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l] * other.0[l]))
+    }
+}
+
+impl Arith for Portable {
+    #[inline(always)]
+    fn splat(value: f64) -> Self {
+        Portable([value; LANES])
+    }
+    #[inline(always)]
+    fn min_select(self, other: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l].min_select(other.0[l])))
+    }
+    #[inline(always)]
+    fn max_select(self, other: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l].max_select(other.0[l])))
+    }
+}
+
+impl Vector for Portable {
+    #[inline(always)]
+    fn to_lanes(self) -> Lanes {
+        self.0
+    }
+    #[inline(always)]
+    fn from_lanes(lanes: &Lanes) -> Self {
+        Portable(*lanes)
+    }
+    #[inline(always)]
+    fn load_f64(chunk: &[f64; LANES]) -> Self {
+        Portable(*chunk)
+    }
+    #[inline(always)]
+    fn load_f32(chunk: &[f32; LANES]) -> Self {
+        Portable(std::array::from_fn(|l| f64::from(chunk[l])))
+    }
+    #[inline(always)]
+    fn store_f64(self, chunk: &mut [f64; LANES]) {
+        *chunk = self.0;
+    }
+    #[inline(always)]
+    fn store_f32(self, chunk: &mut [f32; LANES]) {
+        for (out, value) in chunk.iter_mut().zip(self.0) {
+            *out = value as f32;
+        }
+    }
+}
