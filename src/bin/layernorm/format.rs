@@ -125,19 +125,64 @@ fn push_scaled(out: &mut Vec<u8>, n: u64, precision: usize, negative: bool) {
 
 /// Appends the shortest text that reads back as `v`: std's shortest
 /// round-trip digits in positional form, or in exponent form when that is
-/// shorter (`1e-7` rather than `0.0000001`).
+/// shorter (`1e-7` rather than `0.0000001`); positional on a tie.
+///
+/// The digits are produced once, by std's `{:e}`; the positional form, the
+/// text of std's `{}`, is laid out from them.
 pub fn push_exact<A: Value>(out: &mut Vec<u8>, v: A, scratch: &mut String) {
     scratch.clear();
-    let _ = write!(scratch, "{v}");
-    let positional = scratch.len();
     let _ = write!(scratch, "{v:e}");
-    let (positional, exponent) = scratch.split_at(positional);
-    let text = if exponent.len() < positional.len() {
-        exponent
-    } else {
-        positional
+    let text = scratch.as_bytes();
+    // `[-]d[.ddd]e[-]k` for finite values; `NaN`, `inf`, `-inf` otherwise.
+    let Some(e) = text.iter().position(|&b| b == b'e') else {
+        out.extend_from_slice(text);
+        return;
     };
-    out.extend_from_slice(text.as_bytes());
+    let (mantissa, exponent) = (&text[..e], &text[e + 1..]);
+    let (sign, mantissa) = match mantissa.split_first() {
+        Some((b'-', rest)) => (&b"-"[..], rest),
+        _ => (&b""[..], mantissa),
+    };
+    let (lead, rest) = mantissa.split_at(1.min(mantissa.len()));
+    let rest = rest.strip_prefix(b".").unwrap_or(rest);
+    // Written by std, so always a small integer; bail out to it otherwise.
+    let Some(k) = std::str::from_utf8(exponent)
+        .ok()
+        .and_then(|k| k.parse::<i64>().ok())
+    else {
+        out.extend_from_slice(text);
+        return;
+    };
+    let digits = 1 + rest.len() as i64;
+    // Length of the positional form, without the sign.
+    let positional = if k >= digits - 1 {
+        k + 1
+    } else if k >= 0 {
+        digits + 1
+    } else {
+        digits + 1 - k
+    };
+    if ((text.len() - sign.len()) as i64) < positional {
+        out.extend_from_slice(text);
+    } else {
+        out.extend_from_slice(sign);
+        if k >= digits - 1 {
+            out.extend_from_slice(lead);
+            out.extend_from_slice(rest);
+            out.resize(out.len() + (k - (digits - 1)) as usize, b'0');
+        } else if k >= 0 {
+            let split = k as usize;
+            out.extend_from_slice(lead);
+            out.extend_from_slice(&rest[..split]);
+            out.push(b'.');
+            out.extend_from_slice(&rest[split..]);
+        } else {
+            out.extend_from_slice(b"0.");
+            out.resize(out.len() + (-k - 1) as usize, b'0');
+            out.extend_from_slice(lead);
+            out.extend_from_slice(rest);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -243,6 +288,15 @@ mod tests {
         assert_eq!(exact(f64::NAN), "NaN");
         assert_eq!(exact(f64::NEG_INFINITY), "-inf");
         assert_eq!(exact(-0.0_f64), "-0");
+        assert_eq!(exact(0.0_f64), "0");
+        assert_eq!(exact(123.456_f64), "123.456");
+        assert_eq!(exact(-1.5e300_f64), "-1.5e300");
+        assert_eq!(exact(1.25e-5_f64), "1.25e-5");
+        assert_eq!(exact(0.00125_f64), "0.00125");
+        assert_eq!(exact(12_500_f64), "12500");
+        assert_eq!(exact(125_000_f64), "125000"); // a tie: positional
+        assert_eq!(exact(1_250_000_f64), "1.25e6");
+        assert_eq!(exact(f64::MIN_POSITIVE), "2.2250738585072014e-308");
     }
 
     /// Values at or next to a decimal tie `(k + 1/2) / 10ᵖ`, where a sloppy
@@ -284,6 +338,18 @@ mod tests {
             let mut out = Vec::new();
             push(&mut out, v, Notation::Fixed(p), &mut String::new());
             prop_assert_eq!(String::from_utf8(out).unwrap(), reference(format!("{v:.p$}")));
+        }
+
+        #[test]
+        fn exact_is_the_shorter_of_std_forms(bits in any::<u64>(), bits32 in any::<u32>(), small in -1e-3_f64..1e3) {
+            fn shorter(positional: String, exponent: String) -> String {
+                if exponent.len() < positional.len() { exponent } else { positional }
+            }
+            for v in [f64::from_bits(bits), small] {
+                prop_assert_eq!(exact(v), shorter(format!("{v}"), format!("{v:e}")));
+            }
+            let v = f32::from_bits(bits32);
+            prop_assert_eq!(exact(v), shorter(format!("{v}"), format!("{v:e}")));
         }
 
         #[test]
