@@ -473,9 +473,8 @@ fn poisoned<A: TestFloat>(
     }
 
     // stats follows IEEE arithmetic in the bad row: NaN for a NaN, the
-    // infinity itself for the mean otherwise. The rms of a row with an
-    // infinity should be +inf (see `stats_rms_of_infinite_row_is_inf`,
-    // ignored: it is NaN); here only that it is not a finite number.
+    // infinity itself for the mean otherwise, and +inf for the rms (the
+    // squares of ±inf are +inf).
     let (mean_bad, rms_bad) = with_bad.stats().map_err(err)?;
     let (mean_good, rms_good) = without.stats().map_err(err)?;
     let (m, q) = (mean_bad[row].wide(), rms_bad[row].wide());
@@ -483,7 +482,7 @@ fn poisoned<A: TestFloat>(
         prop_assert!(m.is_nan() && q.is_nan(), "stats {m} {q}");
     } else {
         prop_assert_eq!(m, bad);
-        prop_assert!(!q.is_finite(), "rms {}", q);
+        prop_assert_eq!(q, f64::INFINITY, "rms");
     }
     let others_mean = mean_bad.select(Axis(0), &others);
     let others_rms = rms_bad.select(Axis(0), &others);
@@ -552,7 +551,6 @@ fn mixed_non_finite_rows() {
 /// `stats` documents IEEE results for rows holding infinities: the squares
 /// of ±inf are +inf, so the rms is +inf whatever the signs.
 #[test]
-#[ignore = "bug in src: stats() gives rms = NaN for a row holding ±inf (the compensated square sum turns inf into NaN)"]
 fn stats_rms_of_infinite_row_is_inf() {
     let rows = ndarray::array![
         [f64::INFINITY, 1.0],
