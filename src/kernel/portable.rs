@@ -126,7 +126,15 @@ impl<P: Blend, Q: Blend> Blend for (P, Q) {
 trait Fold<V>: Copy {
     type State: Blend;
     fn step(self, state: Self::State, value: V) -> Self::State;
+    /// Called after every block of [`BLOCK`] vectors, and after the last.
+    #[inline(always)]
+    fn flush(self, state: Self::State) -> Self::State {
+        state
+    }
 }
+
+/// Vectors per block of a [`BlockedSum`].
+const BLOCK: usize = 8;
 
 /// Folds over the row one vector at a time: element `i` goes to lane
 /// `i % LANES`. The last, partial chunk is padded with zeros, and only its
@@ -140,14 +148,42 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
 ) -> F::State {
     let (chunks, tail) = x.as_chunks::<LANES>();
     let mut state = init;
-    for chunk in chunks {
-        state = fold.step(state, load.load(chunk));
+    for block in chunks.chunks(BLOCK) {
+        for chunk in block {
+            state = fold.step(state, load.load(chunk));
+        }
+        state = fold.flush(state);
     }
     if !tail.is_empty() {
-        let update = fold.step(state, load.load(&padded(tail)));
+        let update = fold.flush(fold.step(state, load.load(&padded(tail))));
         state = update.blend(state, tail.len());
     }
     state
+}
+
+/// The lanes added by a fixed halving tree (lane `l` takes lane `l + w` for
+/// `w = LANES/2, LANES/4, …, 1`).
+#[inline(always)]
+fn lane_sum<V: Vector>(v: V) -> f64 {
+    let mut lanes = v.to_lanes();
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for lane in 0..width {
+            lanes[lane] += lanes[lane + width];
+        }
+    }
+    lanes[0]
+}
+
+/// The smallest and largest lane.
+#[inline(always)]
+fn lane_min_max<V: Vector>(min: V, max: V) -> (f64, f64) {
+    let (min, max) = (min.to_lanes(), max.to_lanes());
+    (
+        min.into_iter().fold(min[0], f64::min_select),
+        max.into_iter().fold(max[0], f64::max_select),
+    )
 }
 
 /// Knuth's TwoSum: `sum + err == a + b` exactly, whatever the magnitudes.
@@ -226,6 +262,52 @@ impl<V: Vector> Blend for CompensatedSum<V> {
     }
 }
 
+/// Plain sums over blocks of [`BLOCK`] vectors, each block's sum then added
+/// to a [`CompensatedSum`]: the error is that of summing `BLOCK` terms per
+/// lane, about `BLOCK · 2⁻⁵³` of the sum of magnitudes, whatever the row
+/// length, at close to the cost of a plain sum.
+#[derive(Clone, Copy)]
+struct BlockedSum<V> {
+    block: V,
+    total: CompensatedSum<V>,
+}
+
+impl<V: Vector> BlockedSum<V> {
+    #[inline(always)]
+    fn new() -> Self {
+        BlockedSum {
+            block: V::splat(0.0),
+            total: CompensatedSum::new(),
+        }
+    }
+
+    #[inline(always)]
+    fn add(self, value: V) -> Self {
+        BlockedSum {
+            block: self.block + value,
+            total: self.total,
+        }
+    }
+
+    #[inline(always)]
+    fn flush(self) -> Self {
+        BlockedSum {
+            block: V::splat(0.0),
+            total: self.total.add(self.block),
+        }
+    }
+}
+
+impl<V: Vector> Blend for BlockedSum<V> {
+    #[inline(always)]
+    fn blend(self, old: Self, active: usize) -> Self {
+        BlockedSum {
+            block: self.block.blend(old.block, active),
+            total: self.total.blend(old.total, active),
+        }
+    }
+}
+
 /// An unevaluated sum `hi + lo` with `|lo|` at most half an ulp of `hi`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Pair {
@@ -283,24 +365,29 @@ impl Spread {
     }
 }
 
+/// The first element as loaded, the neutral start of a minimum or maximum.
 #[inline(always)]
-fn spread<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> Spread {
-    let first = match x.first() {
-        Some(&v) => load.load::<A, V>(&[v; LANES]).to_lanes()[0],
-        None => 0.0,
-    };
-    let init = (
-        CompensatedSum::<V>::new(),
-        (V::splat(first), V::splat(first)),
-    );
-    let (sum, (min, max)) = fold_row(x, load, init, SpreadFold);
-    Spread {
-        sum: sum.total_pair(),
-        min: min.to_lanes().into_iter().fold(first, f64::min_select),
-        max: max.to_lanes().into_iter().fold(first, f64::max_select),
+fn first_loaded<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> V {
+    match x.first() {
+        Some(&v) => load.load(&[v; LANES]),
+        None => V::splat(0.0),
     }
 }
 
+#[inline(always)]
+fn spread<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> Spread {
+    let first = first_loaded::<A, V, L>(x, load);
+    let init = (CompensatedSum::<V>::new(), (first, first));
+    let (sum, (min, max)) = fold_row(x, load, init, SpreadFold);
+    let (min, max) = lane_min_max(min, max);
+    Spread {
+        sum: sum.total_pair(),
+        min,
+        max,
+    }
+}
+
+/// Compensated `Σ xᵢ` with the minimum and maximum.
 #[derive(Clone, Copy)]
 struct SpreadFold;
 
@@ -312,7 +399,45 @@ impl<V: Vector> Fold<V> for SpreadFold {
     }
 }
 
-/// Compensated `Σ ((xᵢ - base) - shift)²`, with `shift = 0` for the usual
+/// Plain `Σ xᵢ` with the minimum and maximum.
+#[derive(Clone, Copy)]
+struct PlainSpread;
+
+impl<V: Vector> Fold<V> for PlainSpread {
+    type State = (V, (V, V));
+    #[inline(always)]
+    fn step(self, (sum, (min, max)): Self::State, v: V) -> Self::State {
+        (sum + v, (min.min_select(v), max.max_select(v)))
+    }
+}
+
+/// With `eᵢ = xᵢ - base`: blocked `Σ eᵢ` and `Σ eᵢ²`, and the smallest
+/// `|eᵢ - correction|`, the distance of the element closest to the
+/// estimated mean `base + correction`.
+#[derive(Clone, Copy)]
+struct Deviations<V> {
+    base: V,
+    correction: V,
+}
+
+impl<V: Vector> Fold<V> for Deviations<V> {
+    type State = ((BlockedSum<V>, BlockedSum<V>), V);
+    #[inline(always)]
+    fn step(self, ((sum, squares), closest): Self::State, v: V) -> Self::State {
+        let dev = v - self.base;
+        let distance = (dev - self.correction).abs();
+        (
+            (sum.add(dev), squares.add(dev * dev)),
+            closest.min_select(distance),
+        )
+    }
+    #[inline(always)]
+    fn flush(self, ((sum, squares), closest): Self::State) -> Self::State {
+        ((sum.flush(), squares.flush()), closest)
+    }
+}
+
+/// Blocked `Σ ((xᵢ - base) - shift)²`, with `shift = 0` for the usual
 /// `Σ (xᵢ - base)²` (subtracting zero is exact, so one fold serves both).
 #[derive(Clone, Copy)]
 struct CentredSquares<V> {
@@ -321,11 +446,15 @@ struct CentredSquares<V> {
 }
 
 impl<V: Vector> Fold<V> for CentredSquares<V> {
-    type State = CompensatedSum<V>;
+    type State = BlockedSum<V>;
     #[inline(always)]
     fn step(self, squares: Self::State, v: V) -> Self::State {
         let dev = (v - self.base) - self.shift;
         squares.add(dev * dev)
+    }
+    #[inline(always)]
+    fn flush(self, squares: Self::State) -> Self::State {
+        squares.flush()
     }
 }
 
@@ -340,24 +469,50 @@ fn centred_square_sum<A: NormScalar, V: Vector, L: Load>(
         base: V::splat(base),
         shift: V::splat(shift),
     };
-    fold_row(x, load, CompensatedSum::new(), fold).total()
+    fold_row(x, load, BlockedSum::new(), fold).total.total()
 }
 
-/// Compensated `Σ xᵢ²`.
+/// Blocked `Σ xᵢ²`.
 #[derive(Clone, Copy)]
 struct Squares;
 
 impl<V: Vector> Fold<V> for Squares {
-    type State = CompensatedSum<V>;
+    type State = BlockedSum<V>;
     #[inline(always)]
     fn step(self, squares: Self::State, v: V) -> Self::State {
         squares.add(v * v)
+    }
+    #[inline(always)]
+    fn flush(self, squares: Self::State) -> Self::State {
+        squares.flush()
     }
 }
 
 #[inline(always)]
 fn square_sum<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> f64 {
-    fold_row(x, load, CompensatedSum::<V>::new(), Squares).total()
+    fold_row(x, load, BlockedSum::<V>::new(), Squares)
+        .total
+        .total()
+}
+
+/// Everything `stats` needs in one pass: compensated `Σ xᵢ`, blocked
+/// `Σ xᵢ²`, minimum and maximum.
+#[derive(Clone, Copy)]
+struct StatsFold;
+
+impl<V: Vector> Fold<V> for StatsFold {
+    type State = ((CompensatedSum<V>, BlockedSum<V>), (V, V));
+    #[inline(always)]
+    fn step(self, ((sum, squares), (min, max)): Self::State, v: V) -> Self::State {
+        (
+            (sum.add(v), squares.add(v * v)),
+            (min.min_select(v), max.max_select(v)),
+        )
+    }
+    #[inline(always)]
+    fn flush(self, ((sum, squares), extremes): Self::State) -> Self::State {
+        ((sum, squares.flush()), extremes)
+    }
 }
 
 fn max_abs<A: NormScalar>(x: &[A]) -> f64 {
@@ -416,6 +571,85 @@ pub(super) enum Centring {
 /// LayerNorm statistics of one row (`x` non-empty).
 #[inline(always)]
 pub(super) fn centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+    if size_of::<A>() == size_of::<f32>() {
+        if let Some(centring) = single_precision_centring::<A, V>(x, eps) {
+            return centring;
+        }
+    }
+    exact_centring::<A, V>(x, eps)
+}
+
+/// Unit roundoff of `f64`, 2⁻⁵³.
+const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
+
+/// The fast path for `f32` rows, two cheap passes with a certificate.
+///
+/// Pass 1 is a plain sum with the extremes; `base` is its mean rounded to
+/// `f32`, so that `xᵢ - base` is usually exact. Pass 2 takes blocked sums of
+/// `eᵢ = xᵢ - base` and `eᵢ²` and the distance from the estimated mean of
+/// the element closest to it. The correction `shift = Σ eᵢ / d` is then
+/// known to within `δ = (BLOCK + 4) · 2⁻⁵³ · (rms(e) + |shift|)` (the blocked
+/// sum's error, bounded through `Σ |eᵢ| ≤ d · rms(e)`, plus the roundings of
+/// `eᵢ` and of the division). An output `((xᵢ - base) - shift) · inv_std`
+/// then has a relative error below 2⁻²⁵ (so it rounds to within one `f32`
+/// ulp of the true value) whenever `|xᵢ - mean| ≥ 2²⁶ · δ`. The closest
+/// element certifies that for the whole row; if it cannot (an element sits
+/// almost exactly on the mean), `None` hands the row to the exact path.
+/// The variance needs no such care: its relative error, about
+/// `(BLOCK + d · shift² / Σ eᵢ²) · 2⁻⁵³`, stays far below `f32` precision.
+#[inline(always)]
+fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<Centring> {
+    let d = x.len() as f64;
+    let first = first_loaded::<A, V, _>(x, Unscaled);
+    let (sum, (min, max)) = fold_row(x, Unscaled, (V::splat(0.0), (first, first)), PlainSpread);
+    let sum = lane_sum(sum);
+    let (min, max) = lane_min_max(min, max);
+    // f32 values cannot overflow an f64 sum: a non-finite sum means a NaN or
+    // an infinity in the row.
+    if !sum.is_finite() {
+        return Some(Centring::NotFinite);
+    }
+    if min == max {
+        return Some(Centring::Constant);
+    }
+    let estimate = sum / d;
+    let base = A::narrow(estimate).widen();
+    let correction = estimate - base;
+    let fold = Deviations {
+        base: V::splat(base),
+        correction: V::splat(correction),
+    };
+    let init = (
+        (BlockedSum::new(), BlockedSum::new()),
+        V::splat(f64::INFINITY),
+    );
+    let ((dev_sum, dev_squares), closest) = fold_row(x, Unscaled, init, fold);
+    let shift = dev_sum.total.total_pair().divide(d);
+    let shift = shift.hi + shift.lo;
+    let mean_square = dev_squares.total.total() / d;
+    let closest = closest
+        .to_lanes()
+        .into_iter()
+        .fold(f64::INFINITY, f64::min_select);
+    let shift_error =
+        (BLOCK as f64 + 4.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
+    let needed = ((shift - correction).abs() + shift_error * (1.0 + 67_108_864.0)) * (1.0 + 1e-6);
+    // Written so that a NaN anywhere fails the certificate.
+    if !(closest >= needed) {
+        return None;
+    }
+    let var = (mean_square - shift * shift).max(0.0);
+    Some(Centring::Centred {
+        scale: 1.0,
+        base,
+        shift,
+        inv_std: inverse_root(var, eps, 1.0),
+    })
+}
+
+/// LayerNorm statistics with the exact mean split of the module docs.
+#[inline(always)]
+fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
     let spread_ = spread::<A, V, _>(x, Unscaled);
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
@@ -514,28 +748,39 @@ fn rescaled_rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(
 #[inline(always)]
 pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
     let d = x.len() as f64;
-    let spread_ = spread::<A, V, _>(x, Unscaled);
-    if !spread_.sum.hi.is_finite() && !all_finite(x) {
+    let first = first_loaded::<A, V, _>(x, Unscaled);
+    let init = ((CompensatedSum::new(), BlockedSum::new()), (first, first));
+    let ((sum, squares), (min, max)) = fold_row(x, Unscaled, init, StatsFold);
+    let (sum, squares) = (sum.total_pair(), squares.total.total());
+    let (min, max) = lane_min_max(min, max);
+    if !sum.hi.is_finite() && !all_finite(x) {
         // Plain sums: compensation would turn ∞ - ∞ into NaN.
         let sum: f64 = x.iter().map(|v| v.widen()).sum();
         let squares: f64 = x.iter().map(|v| v.widen() * v.widen()).sum();
         return (sum / d, (squares / d).sqrt());
     }
-    if spread_.min == spread_.max {
-        return (spread_.min, spread_.min.abs());
+    if min == max {
+        return (min, min.abs());
     }
-    let squares = square_sum::<A, V, _>(x, Unscaled);
+    let magnitude = min.abs().max(max.abs());
     // Rescale where a sum overflowed, the square sum may hold subnormal
     // squares, or the division's exact remainder could overflow.
-    if spread_.sum.hi.is_finite()
-        && spread_.magnitude() < HUGE_MAGNITUDE
+    if sum.hi.is_finite()
+        && magnitude < HUGE_MAGNITUDE
         && squares.is_finite()
         && squares >= TINY_SQUARES
     {
-        let mean = spread_.sum.divide(d);
+        let mean = sum.divide(d);
         return (mean.hi + mean.lo, (squares / d).sqrt());
     }
-    let scale = scale_towards_one(spread_.magnitude());
+    rescaled_row_stats::<A, V>(x, magnitude)
+}
+
+/// [`row_stats`] of a row whose sums or squares overflow or underflow. Rare.
+#[inline(never)]
+fn rescaled_row_stats<A: NormScalar, V: Vector>(x: &[A], magnitude: f64) -> (f64, f64) {
+    let d = x.len() as f64;
+    let scale = scale_towards_one(magnitude);
     let mean = spread::<A, V, _>(x, Scaled(scale)).sum.divide(d);
     let squares = square_sum::<A, V, _>(x, Scaled(scale));
     ((mean.hi + mean.lo) / scale, (squares / d).sqrt() / scale)
@@ -766,6 +1011,73 @@ mod tests {
         // Clamped at 2^±1000 so that the factor stays a normal number.
         assert_eq!(scale_towards_one(f64::MAX), 2f64.powi(-1000));
         assert_eq!(scale_towards_one(f64::from_bits(1)), 2f64.powi(1000));
+    }
+
+    /// Deterministic rows of `d` values `offset + noise`, noise in ±1.
+    fn noisy_rows(d: usize, offset: f32) -> Vec<Vec<f32>> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        (0..50)
+            .map(|_| {
+                (0..d)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        offset + ((state >> 40) as f32 / (1u32 << 24) as f32 - 0.5)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn layer_norm_with<F: Fn(&[f32]) -> Centring>(x: &[f32], centring: F) -> Vec<f32> {
+        let mut out = vec![0.0; x.len()];
+        match centring(x) {
+            Centring::Centred {
+                base,
+                shift,
+                inv_std,
+                ..
+            } => {
+                for (y, &v) in out.iter_mut().zip(x) {
+                    *y = (((v as f64 - base) - shift) * inv_std) as f32;
+                }
+            }
+            _ => panic!("not a centred row"),
+        }
+        out
+    }
+
+    #[test]
+    fn single_precision_fast_path_certifies_ordinary_rows_and_agrees() {
+        for d in [7, 64, 768, 4096] {
+            for offset in [0.0, 3.0, 1e4] {
+                for row in noisy_rows(d, offset) {
+                    let fast = single_precision_centring::<f32, Portable>(&row, 1e-5);
+                    assert!(fast.is_some(), "d {d} offset {offset}: not certified");
+                    let fast = layer_norm_with(&row, |x| {
+                        single_precision_centring::<f32, Portable>(x, 1e-5).unwrap()
+                    });
+                    let exact = layer_norm_with(&row, |x| exact_centring::<f32, Portable>(x, 1e-5));
+                    for (a, b) in fast.iter().zip(&exact) {
+                        let ulps = (a.to_bits() as i64 - b.to_bits() as i64).abs();
+                        assert!(ulps <= 1, "d {d} offset {offset}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn single_precision_fast_path_hands_over_an_element_on_the_mean() {
+        // The middle element is exactly the mean: its output must be 0, which
+        // only the exact path guarantees.
+        let row = [1.0f32, 2.0, 3.0];
+        assert!(single_precision_centring::<f32, Portable>(&row, 0.0).is_none());
+        assert_eq!(
+            layer_norm_with(&row, |x| centring::<f32, Portable>(x, 0.0))[1],
+            0.0
+        );
     }
 
     #[test]

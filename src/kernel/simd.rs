@@ -23,6 +23,8 @@ pub trait Arith: Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = S
     fn min_select(self, other: Self) -> Self;
     /// Per lane: `if other > self { other } else { self }`.
     fn max_select(self, other: Self) -> Self;
+    /// Per lane: the value with its sign bit cleared.
+    fn abs(self) -> Self;
 }
 
 impl Arith for f64 {
@@ -45,6 +47,10 @@ impl Arith for f64 {
         } else {
             self
         }
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        f64::abs(self)
     }
 }
 
@@ -118,6 +124,10 @@ impl Arith for Portable {
     #[inline(always)]
     fn max_select(self, other: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l].max_select(other.0[l])))
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        Portable(self.0.map(f64::abs))
     }
 }
 

@@ -37,6 +37,7 @@ macro_rules! vector_type {
         $(#[$doc:meta])*
         $name:ident, $register:ty, $width:literal, $count:literal,
         add: $add:ident, sub: $sub:ident, mul: $mul:ident, min: $min:ident, max: $max:ident,
+        andnot: $andnot:ident,
         splat: $splat:ident, load: $load:ident, store: $store:ident,
         load_f32: |$load_src:ident| $load_f32:expr,
         store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr $(,)?
@@ -113,6 +114,17 @@ macro_rules! vector_type {
                 }
                 $name(out)
             }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                let sign = Self::splat(-0.0);
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    // andnot(sign, x) clears the sign bit.
+                    out[i] = unsafe { $andnot(sign.0[i], self.0[i]) };
+                }
+                $name(out)
+            }
         }
 
         impl Vector for $name {
@@ -176,6 +188,7 @@ vector_type! {
     /// 16 lanes in 8 SSE2 registers (the x86-64 baseline).
     Sse2, __m128d, 2, 8,
     add: _mm_add_pd, sub: _mm_sub_pd, mul: _mm_mul_pd, min: _mm_min_pd, max: _mm_max_pd,
+    andnot: _mm_andnot_pd,
     splat: _mm_set1_pd, load: _mm_loadu_pd, store: _mm_storeu_pd,
     load_f32: |src| _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(src as *const __m128i))),
     store_f32: |value, dst| _mm_storel_epi64(dst as *mut __m128i, _mm_castps_si128(_mm_cvtpd_ps(value))),
@@ -185,6 +198,7 @@ vector_type! {
     /// 16 lanes in 4 AVX registers.
     Avx2, __m256d, 4, 4,
     add: _mm256_add_pd, sub: _mm256_sub_pd, mul: _mm256_mul_pd, min: _mm256_min_pd, max: _mm256_max_pd,
+    andnot: _mm256_andnot_pd,
     splat: _mm256_set1_pd, load: _mm256_loadu_pd, store: _mm256_storeu_pd,
     load_f32: |src| _mm256_cvtps_pd(_mm_loadu_ps(src)),
     store_f32: |value, dst| _mm_storeu_ps(dst, _mm256_cvtpd_ps(value)),
@@ -194,6 +208,7 @@ vector_type! {
     /// 16 lanes in 2 AVX-512 registers.
     Avx512, __m512d, 8, 2,
     add: _mm512_add_pd, sub: _mm512_sub_pd, mul: _mm512_mul_pd, min: _mm512_min_pd, max: _mm512_max_pd,
+    andnot: _mm512_andnot_pd,
     splat: _mm512_set1_pd, load: _mm512_loadu_pd, store: _mm512_storeu_pd,
     load_f32: |src| _mm512_cvtps_pd(_mm256_loadu_ps(src)),
     store_f32: |value, dst| _mm256_storeu_ps(dst, _mm512_cvtpd_ps(value)),
