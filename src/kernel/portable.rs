@@ -634,8 +634,7 @@ fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Opt
     let shift_error =
         (BLOCK as f64 + 4.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
     let needed = ((shift - correction).abs() + shift_error * (1.0 + 67_108_864.0)) * (1.0 + 1e-6);
-    // Written so that a NaN anywhere fails the certificate.
-    if !(closest >= needed) {
+    if closest.is_nan() || needed.is_nan() || closest < needed {
         return None;
     }
     let var = (mean_square - shift * shift).max(0.0);
