@@ -42,7 +42,7 @@
 //! not depend on the instruction set, on the memory layout of the input, or
 //! on the thread that runs the row. No fused multiply-add is used anywhere.
 
-use super::simd::{Arith, Lanes, Vector, LANES};
+use super::simd::{Arith, Vector, LANES};
 use super::{Affine, Io};
 use crate::scalar::NormScalar;
 
@@ -164,26 +164,25 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
 /// The lanes added by a fixed halving tree (lane `l` takes lane `l + w` for
 /// `w = LANES/2, LANES/4, …, 1`).
 #[inline(always)]
-fn lane_sum<V: Vector>(v: V) -> f64 {
-    let mut lanes = v.to_lanes();
+fn lane_sum<V: Vector>(mut v: V) -> f64 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
-        for lane in 0..width {
-            lanes[lane] += lanes[lane + width];
-        }
+        v = v + v.lanes_from(width);
     }
-    lanes[0]
+    v.to_lanes()[0]
 }
 
-/// The smallest and largest lane.
+/// The smallest lane of `min` and the largest of `max`, by the same tree.
 #[inline(always)]
-fn lane_min_max<V: Vector>(min: V, max: V) -> (f64, f64) {
-    let (min, max) = (min.to_lanes(), max.to_lanes());
-    (
-        min.into_iter().fold(min[0], f64::min_select),
-        max.into_iter().fold(max[0], f64::max_select),
-    )
+fn lane_min_max<V: Vector>(mut min: V, mut max: V) -> (f64, f64) {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        min = min.min_select(min.lanes_from(width));
+        max = max.max_select(max.lanes_from(width));
+    }
+    (min.to_lanes()[0], max.to_lanes()[0])
 }
 
 /// Knuth's TwoSum: `sum + err == a + b` exactly, whatever the magnitudes.
@@ -236,18 +235,15 @@ impl<V: Vector> CompensatedSum<V> {
     /// combination: the sum as `hi + lo`.
     #[inline(always)]
     fn total_pair(self) -> Pair {
-        let mut high: Lanes = self.high.to_lanes();
-        let mut low: Lanes = self.low.to_lanes();
+        let CompensatedSum { mut high, mut low } = self;
         let mut width = LANES;
         while width > 1 {
             width /= 2;
-            for lane in 0..width {
-                let (sum, err) = two_sum(high[lane], high[lane + width]);
-                high[lane] = sum;
-                low[lane] = (low[lane] + low[lane + width]) + err;
-            }
+            let (sum, err) = two_sum(high, high.lanes_from(width));
+            low = (low + low.lanes_from(width)) + err;
+            high = sum;
         }
-        let (hi, lo) = two_sum(high[0], low[0]);
+        let (hi, lo) = two_sum(high.to_lanes()[0], low.to_lanes()[0]);
         Pair { hi, lo }
     }
 }
@@ -437,19 +433,22 @@ impl<V: Vector> Fold<V> for Deviations<V> {
     }
 }
 
-/// Blocked `Σ ((xᵢ - base) - shift)²`, with `shift = 0` for the usual
-/// `Σ (xᵢ - base)²` (subtracting zero is exact, so one fold serves both).
+/// Blocked `Σ ((xᵢ - base) - shift)²`, the subtraction of `shift` skipped
+/// when it is zero (subtracting zero is exact, so the bits agree).
 #[derive(Clone, Copy)]
 struct CentredSquares<V> {
     base: V,
-    shift: V,
+    shift: Option<V>,
 }
 
 impl<V: Vector> Fold<V> for CentredSquares<V> {
     type State = BlockedSum<V>;
     #[inline(always)]
     fn step(self, squares: Self::State, v: V) -> Self::State {
-        let dev = (v - self.base) - self.shift;
+        let dev = match self.shift {
+            Some(shift) => (v - self.base) - shift,
+            None => v - self.base,
+        };
         squares.add(dev * dev)
     }
     #[inline(always)]
@@ -467,7 +466,7 @@ fn centred_square_sum<A: NormScalar, V: Vector, L: Load>(
 ) -> f64 {
     let fold = CentredSquares {
         base: V::splat(base),
-        shift: V::splat(shift),
+        shift: (shift != 0.0).then(|| V::splat(shift)),
     };
     fold_row(x, load, BlockedSum::new(), fold).total.total()
 }
@@ -627,10 +626,7 @@ fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Opt
     let shift = dev_sum.total.total_pair().divide(d);
     let shift = shift.hi + shift.lo;
     let mean_square = dev_squares.total.total() / d;
-    let closest = closest
-        .to_lanes()
-        .into_iter()
-        .fold(f64::INFINITY, f64::min_select);
+    let (closest, _) = lane_min_max(closest, closest);
     let shift_error =
         (BLOCK as f64 + 4.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
     let needed = ((shift - correction).abs() + shift_error * (1.0 + 67_108_864.0)) * (1.0 + 1e-6);

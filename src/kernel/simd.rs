@@ -71,6 +71,10 @@ pub trait Vector: Arith {
     fn store_f64(self, chunk: &mut [f64; LANES]);
     /// Stores 16 `f32`, each rounded to nearest (ties to even).
     fn store_f32(self, chunk: &mut [f32; LANES]);
+    /// Lanes `width .. 2 · width` moved down to `0 .. width`, for `width`
+    /// a power of two below `LANES`; the other lanes hold arbitrary values.
+    /// One step of the halving tree that reduces a vector to one lane.
+    fn lanes_from(self, width: usize) -> Self;
 
     /// Lanes below `active` from `self`, the others from `old`.
     #[inline(always)]
@@ -157,5 +161,11 @@ impl Vector for Portable {
         for (out, value) in chunk.iter_mut().zip(self.0) {
             *out = value as f32;
         }
+    }
+    #[inline(always)]
+    fn lanes_from(self, width: usize) -> Self {
+        let mut lanes = self.0;
+        lanes.copy_within(width..2 * width, 0);
+        Portable(lanes)
     }
 }

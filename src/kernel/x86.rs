@@ -40,7 +40,8 @@ macro_rules! vector_type {
         andnot: $andnot:ident,
         splat: $splat:ident, load: $load:ident, store: $store:ident,
         load_f32: |$load_src:ident| $load_f32:expr,
-        store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr $(,)?
+        store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr,
+        within_register: |$reg:ident, $half:ident| $within:expr $(,)?
     ) => {
         $(#[$doc])*
         #[derive(Clone, Copy)]
@@ -180,6 +181,21 @@ macro_rules! vector_type {
                     }
                 }
             }
+            #[inline(always)]
+            fn lanes_from(self, width: usize) -> Self {
+                let mut out = self.0;
+                if width >= $width {
+                    // Whole registers move down.
+                    let registers = width / $width;
+                    out[..registers].copy_from_slice(&self.0[registers..2 * registers]);
+                } else {
+                    // Within the first register: lanes `half .. 2 · half` to `0 .. half`.
+                    let ($reg, $half) = (self.0[0], width);
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    out[0] = unsafe { $within };
+                }
+                $name(out)
+            }
         }
     };
 }
@@ -192,6 +208,7 @@ vector_type! {
     splat: _mm_set1_pd, load: _mm_loadu_pd, store: _mm_storeu_pd,
     load_f32: |src| _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(src as *const __m128i))),
     store_f32: |value, dst| _mm_storel_epi64(dst as *mut __m128i, _mm_castps_si128(_mm_cvtpd_ps(value))),
+    within_register: |register, _half| _mm_unpackhi_pd(register, register),
 }
 
 vector_type! {
@@ -202,6 +219,10 @@ vector_type! {
     splat: _mm256_set1_pd, load: _mm256_loadu_pd, store: _mm256_storeu_pd,
     load_f32: |src| _mm256_cvtps_pd(_mm_loadu_ps(src)),
     store_f32: |value, dst| _mm_storeu_ps(dst, _mm256_cvtpd_ps(value)),
+    within_register: |register, half| match half {
+        2 => _mm256_permute2f128_pd::<0x01>(register, register),
+        _ => _mm256_permute_pd::<0b0101>(register),
+    },
 }
 
 vector_type! {
@@ -212,6 +233,11 @@ vector_type! {
     splat: _mm512_set1_pd, load: _mm512_loadu_pd, store: _mm512_storeu_pd,
     load_f32: |src| _mm512_cvtps_pd(_mm256_loadu_ps(src)),
     store_f32: |value, dst| _mm256_storeu_ps(dst, _mm512_cvtpd_ps(value)),
+    within_register: |register, half| match half {
+        4 => _mm512_shuffle_f64x2::<0xEE>(register, register),
+        2 => _mm512_shuffle_f64x2::<0x01>(register, register),
+        _ => _mm512_permute_pd::<0x55>(register),
+    },
 }
 
 /// Declares the trampolines of one feature set: each compiles a portable
