@@ -223,13 +223,6 @@ impl<V: Vector> CompensatedSum<V> {
         }
     }
 
-    /// The sum rounded to `f64`.
-    #[inline(always)]
-    fn total(self) -> f64 {
-        let Pair { hi, lo } = self.total_pair();
-        hi + lo
-    }
-
     /// Combines the lanes by a fixed halving tree (lane `l` takes lane
     /// `l + w` for `w = LANES/2, LANES/4, …, 1`), keeping the error of each
     /// combination: the sum as `hi + lo`.
@@ -291,6 +284,17 @@ impl<V: Vector> BlockedSum<V> {
             block: V::splat(0.0),
             total: self.total.add(self.block),
         }
+    }
+}
+
+impl<V: Vector> BlockedSum<V> {
+    /// The total, with the lanes combined by plain halving trees over the
+    /// high and the low parts. For sums of non-negative terms, or wherever a
+    /// few more roundings of the sum of magnitudes are affordable: the trees
+    /// add at most `⌈log₂ LANES⌉ + 1` of them to the block sums' `BLOCK`.
+    #[inline(always)]
+    fn plain_total(self) -> f64 {
+        lane_sum(self.total.high) + lane_sum(self.total.low)
     }
 }
 
@@ -407,7 +411,7 @@ impl<V: Vector> Fold<V> for PlainSpread {
     }
 }
 
-/// With `eᵢ = xᵢ - base`: blocked `Σ eᵢ` and `Σ eᵢ²`, and the smallest
+/// With `eᵢ = xᵢ - base`: blocked `Σ eᵢ`, plain `Σ eᵢ²`, and the smallest
 /// `|eᵢ - correction|`, the distance of the element closest to the
 /// estimated mean `base + correction`.
 #[derive(Clone, Copy)]
@@ -417,19 +421,19 @@ struct Deviations<V> {
 }
 
 impl<V: Vector> Fold<V> for Deviations<V> {
-    type State = ((BlockedSum<V>, BlockedSum<V>), V);
+    type State = ((BlockedSum<V>, V), V);
     #[inline(always)]
     fn step(self, ((sum, squares), closest): Self::State, v: V) -> Self::State {
         let dev = v - self.base;
         let distance = (dev - self.correction).abs();
         (
-            (sum.add(dev), squares.add(dev * dev)),
+            (sum.add(dev), squares + dev * dev),
             closest.min_select(distance),
         )
     }
     #[inline(always)]
     fn flush(self, ((sum, squares), closest): Self::State) -> Self::State {
-        ((sum.flush(), squares.flush()), closest)
+        ((sum.flush(), squares), closest)
     }
 }
 
@@ -468,7 +472,7 @@ fn centred_square_sum<A: NormScalar, V: Vector, L: Load>(
         base: V::splat(base),
         shift: (shift != 0.0).then(|| V::splat(shift)),
     };
-    fold_row(x, load, BlockedSum::new(), fold).total.total()
+    fold_row(x, load, BlockedSum::new(), fold).plain_total()
 }
 
 /// Blocked `Σ xᵢ²`.
@@ -489,9 +493,7 @@ impl<V: Vector> Fold<V> for Squares {
 
 #[inline(always)]
 fn square_sum<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> f64 {
-    fold_row(x, load, BlockedSum::<V>::new(), Squares)
-        .total
-        .total()
+    fold_row(x, load, BlockedSum::<V>::new(), Squares).plain_total()
 }
 
 /// Everything `stats` needs in one pass: compensated `Σ xᵢ`, blocked
@@ -584,12 +586,13 @@ const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 /// The fast path for `f32` rows, two cheap passes with a certificate.
 ///
 /// Pass 1 is a plain sum with the extremes; `base` is its mean rounded to
-/// `f32`, so that `xᵢ - base` is usually exact. Pass 2 takes blocked sums of
-/// `eᵢ = xᵢ - base` and `eᵢ²` and the distance from the estimated mean of
-/// the element closest to it. The correction `shift = Σ eᵢ / d` is then
-/// known to within `δ = (BLOCK + 4) · 2⁻⁵³ · (rms(e) + |shift|)` (the blocked
-/// sum's error, bounded through `Σ |eᵢ| ≤ d · rms(e)`, plus the roundings of
-/// `eᵢ` and of the division). An output `((xᵢ - base) - shift) · inv_std`
+/// `f32`, so that `xᵢ - base` is usually exact. Pass 2 takes the blocked sum
+/// of `eᵢ = xᵢ - base`, the plain sum of `eᵢ²`, and the distance from the
+/// estimated mean of the element closest to it. The correction
+/// `shift = Σ eᵢ / d` is then known to within
+/// `δ = (BLOCK + 8) · 2⁻⁵³ · (rms(e) + |shift|)`: `BLOCK` roundings of the
+/// block sums, at most 5 of the lane trees, the roundings of `eᵢ` and of the
+/// division, each bounded through `Σ |eᵢ| ≤ d · rms(e)`. An output `((xᵢ - base) - shift) · inv_std`
 /// then has a relative error below 2⁻²⁵ (so it rounds to within one `f32`
 /// ulp of the true value) whenever `|xᵢ - mean| ≥ 2²⁶ · δ`. The closest
 /// element certifies that for the whole row; if it cannot (an element sits
@@ -618,17 +621,13 @@ fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Opt
         base: V::splat(base),
         correction: V::splat(correction),
     };
-    let init = (
-        (BlockedSum::new(), BlockedSum::new()),
-        V::splat(f64::INFINITY),
-    );
+    let init = ((BlockedSum::new(), V::splat(0.0)), V::splat(f64::INFINITY));
     let ((dev_sum, dev_squares), closest) = fold_row(x, Unscaled, init, fold);
-    let shift = dev_sum.total.total_pair().divide(d);
-    let shift = shift.hi + shift.lo;
-    let mean_square = dev_squares.total.total() / d;
+    let shift = dev_sum.plain_total() / d;
+    let mean_square = lane_sum(dev_squares) / d;
     let (closest, _) = lane_min_max(closest, closest);
     let shift_error =
-        (BLOCK as f64 + 4.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
+        (BLOCK as f64 + 8.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
     let needed = ((shift - correction).abs() + shift_error * (1.0 + 67_108_864.0)) * (1.0 + 1e-6);
     if closest.is_nan() || needed.is_nan() || closest < needed {
         return None;
@@ -746,7 +745,7 @@ pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
     let first = first_loaded::<A, V, _>(x, Unscaled);
     let init = ((CompensatedSum::new(), BlockedSum::new()), (first, first));
     let ((sum, squares), (min, max)) = fold_row(x, Unscaled, init, StatsFold);
-    let (sum, squares) = (sum.total_pair(), squares.total.total());
+    let (sum, squares) = (sum.total_pair(), squares.plain_total());
     let (min, max) = lane_min_max(min, max);
     if !sum.hi.is_finite() && !all_finite(x) {
         // Plain sums: compensation would turn ∞ - ∞ into NaN.
@@ -992,7 +991,8 @@ mod tests {
         for v in [1e16, 1.0, -1e16, 1.0] {
             sum = sum.add(Portable::splat(v));
         }
-        assert_eq!(sum.total(), 2.0 * LANES as f64);
+        let Pair { hi, lo } = sum.total_pair();
+        assert_eq!((hi, lo), (2.0 * LANES as f64, 0.0));
     }
 
     const _: () = assert!(EPS_HIDES_TINY / TINY_SQUARES > 1e18); // more than 2⁵³
