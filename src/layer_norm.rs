@@ -206,8 +206,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         let mut out = Array::zeros(self.raw_dim());
         let (affine, eps) = (args.affine(), args.eps);
-        rows::map_rows(self, &mut out, args.d, |isa, io| {
-            kernel::layer_norm_row(isa, io, affine, eps)
+        rows::map_rows(self, &mut out, args.d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(out)
     }
@@ -216,8 +216,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let mut out = Array::zeros(self.raw_dim());
-        rows::map_rows(self, &mut out, d, |isa, io| {
-            kernel::layer_norm_row(isa, io, Affine::Identity, eps)
+        rows::map_rows(self, &mut out, d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(out)
     }
@@ -232,8 +232,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         check::same_shape(self, out)?;
         let (affine, eps) = (args.affine(), args.eps);
-        rows::map_rows(self, out, args.d, |isa, io| {
-            kernel::layer_norm_row(isa, io, affine, eps)
+        rows::map_rows(self, out, args.d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(())
     }
@@ -242,8 +242,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
-        rows::map_rows(self, out, d, |isa, io| {
-            kernel::layer_norm_row(isa, io, Affine::Identity, eps)
+        rows::map_rows(self, out, d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(())
     }
@@ -256,8 +256,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<(), NormError> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         let (affine, eps) = (args.affine(), args.eps);
-        rows::map_rows_in_place(self, args.d, |isa, io| {
-            kernel::layer_norm_row(isa, io, affine, eps)
+        rows::map_rows_in_place(self, args.d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(())
     }
@@ -265,8 +265,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
     fn layer_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
-        rows::map_rows_in_place(self, d, |isa, io| {
-            kernel::layer_norm_row(isa, io, Affine::Identity, eps)
+        rows::map_rows_in_place(self, d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(())
     }

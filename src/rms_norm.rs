@@ -183,8 +183,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let mut out = Array::zeros(self.raw_dim());
         let affine = Affine::Scale(&gamma);
-        rows::map_rows(self, &mut out, d, |isa, io| {
-            kernel::rms_norm_row(isa, io, affine, eps)
+        rows::map_rows(self, &mut out, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(out)
     }
@@ -193,8 +193,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let mut out = Array::zeros(self.raw_dim());
-        rows::map_rows(self, &mut out, d, |isa, io| {
-            kernel::rms_norm_row(isa, io, Affine::Identity, eps)
+        rows::map_rows(self, &mut out, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(out)
     }
@@ -208,8 +208,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         check::same_shape(self, out)?;
         let affine = Affine::Scale(&gamma);
-        rows::map_rows(self, out, d, |isa, io| {
-            kernel::rms_norm_row(isa, io, affine, eps)
+        rows::map_rows(self, out, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(())
     }
@@ -218,8 +218,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
-        rows::map_rows(self, out, d, |isa, io| {
-            kernel::rms_norm_row(isa, io, Affine::Identity, eps)
+        rows::map_rows(self, out, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(())
     }
@@ -227,8 +227,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm_inplace(&mut self, gamma: &ArrayRef1<A>, eps: A) -> Result<(), NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let affine = Affine::Scale(&gamma);
-        rows::map_rows_in_place(self, d, |isa, io| {
-            kernel::rms_norm_row(isa, io, affine, eps)
+        rows::map_rows_in_place(self, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(())
     }
@@ -236,8 +236,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
-        rows::map_rows_in_place(self, d, |isa, io| {
-            kernel::rms_norm_row(isa, io, Affine::Identity, eps)
+        rows::map_rows_in_place(self, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(())
     }

@@ -16,13 +16,11 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     out: &mut ArrayRef<A, D>,
     d: usize,
-    kernel: impl Fn(Isa, Io<'_, A>),
+    kernel: impl Fn(Isa, Io<'_, A>, usize),
 ) {
     let isa = Isa::detect();
     if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
-        for (input, output) in input.chunks_exact(d).zip(output.chunks_exact_mut(d)) {
-            kernel(isa, Io::Copy { input, output });
-        }
+        kernel(isa, Io::Copy { input, output }, input.len() / d);
         return;
     }
     let mut scratch = Vec::new();
@@ -30,19 +28,19 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
         .and(out.rows_mut())
         .for_each(|input, mut output| match output.as_slice_mut() {
             Some(output) => match input.as_slice() {
-                Some(input) => kernel(isa, Io::Copy { input, output }),
+                Some(input) => kernel(isa, Io::Copy { input, output }, 1),
                 None => {
                     // Gather into the output row and normalise it there.
                     for (o, &v) in output.iter_mut().zip(&input) {
                         *o = v;
                     }
-                    kernel(isa, Io::InPlace(output));
+                    kernel(isa, Io::InPlace(output), 1);
                 }
             },
             None => {
                 scratch.clear();
                 scratch.extend(input.iter().copied());
-                kernel(isa, Io::InPlace(&mut scratch));
+                kernel(isa, Io::InPlace(&mut scratch), 1);
                 output.assign(&ndarray::aview1(&scratch));
             }
         });
@@ -52,23 +50,22 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
 pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
     x: &mut ArrayRef<A, D>,
     d: usize,
-    kernel: impl Fn(Isa, Io<'_, A>),
+    kernel: impl Fn(Isa, Io<'_, A>, usize),
 ) {
     let isa = Isa::detect();
     if let Some(all) = x.as_slice_mut() {
-        for row in all.chunks_exact_mut(d) {
-            kernel(isa, Io::InPlace(row));
-        }
+        let rows = all.len() / d;
+        kernel(isa, Io::InPlace(all), rows);
         return;
     }
     let mut scratch = Vec::new();
     for mut row in x.rows_mut() {
         match row.as_slice_mut() {
-            Some(row) => kernel(isa, Io::InPlace(row)),
+            Some(row) => kernel(isa, Io::InPlace(row), 1),
             None => {
                 scratch.clear();
                 scratch.extend(row.iter().copied());
-                kernel(isa, Io::InPlace(&mut scratch));
+                kernel(isa, Io::InPlace(&mut scratch), 1);
                 row.assign(&ndarray::aview1(&scratch));
             }
         }

@@ -48,38 +48,38 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
 }
 
 impl NormScalar for f32 {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn widen(self) -> f64 {
         f64::from(self)
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn narrow(value: f64) -> Self {
         value as f32
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
         V::load_f32(chunk)
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.store_f32(chunk)
     }
 }
 
 impl NormScalar for f64 {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn widen(self) -> f64 {
         self
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn narrow(value: f64) -> Self {
         value
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
         V::load_f64(chunk)
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.store_f64(chunk)
     }

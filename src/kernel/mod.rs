@@ -12,6 +12,7 @@
 //! same bits; the tests compare them, the plain lane array included.
 
 mod portable;
+mod short;
 pub(crate) mod simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -28,7 +29,7 @@ pub(crate) enum Io<'a, A> {
     InPlace(&'a mut [A]),
 }
 
-impl<A> Io<'_, A> {
+impl<'a, A> Io<'a, A> {
     fn input(&self) -> &[A] {
         match self {
             Io::Copy { input, .. } => input,
@@ -41,6 +42,22 @@ impl<A> Io<'_, A> {
             Io::Copy { output, .. } => output,
             Io::InPlace(row) => row,
         }
+    }
+
+    /// The consecutive rows of length `d` (non-zero) of a block of rows.
+    fn rows(self, d: usize) -> impl Iterator<Item = Io<'a, A>> {
+        let (copies, in_place) = match self {
+            Io::Copy { input, output } => (
+                Some(input.chunks_exact(d).zip(output.chunks_exact_mut(d))),
+                None,
+            ),
+            Io::InPlace(rows) => (None, Some(rows.chunks_exact_mut(d))),
+        };
+        let copies = copies
+            .into_iter()
+            .flatten()
+            .map(|(input, output)| Io::Copy { input, output });
+        copies.chain(in_place.into_iter().flatten().map(Io::InPlace))
     }
 }
 
@@ -178,13 +195,13 @@ macro_rules! dispatch {
 }
 
 dispatch! {
-    /// LayerNorm of one row.
-    pub(crate) fn layer_norm_row<A>(io: Io<'_, A>, affine: Affine<'_, A>, eps: f64);
+    /// LayerNorm of `rows` consecutive rows (a block of a contiguous array).
+    pub(crate) fn layer_norm_rows<A>(io: Io<'_, A>, rows: usize, affine: Affine<'_, A>, eps: f64);
 }
 
 dispatch! {
-    /// RMSNorm of one row.
-    pub(crate) fn rms_norm_row<A>(io: Io<'_, A>, affine: Affine<'_, A>, eps: f64);
+    /// RMSNorm of `rows` consecutive rows (a block of a contiguous array).
+    pub(crate) fn rms_norm_rows<A>(io: Io<'_, A>, rows: usize, affine: Affine<'_, A>, eps: f64);
 }
 
 dispatch! {
@@ -206,7 +223,7 @@ mod tests {
             (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
         };
         let mut rows = Vec::new();
-        for d in [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 768, 1025] {
+        for d in [1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 768, 1025] {
             for (scale, offset) in [(1.0, 0.0), (1e-3, 1e8), (1e150, 0.0), (1e-160, 0.0)] {
                 rows.push((0..d).map(|_| offset + scale * next()).collect());
             }
@@ -229,17 +246,18 @@ mod tests {
         let beta: Vec<A> = (0..d).map(|i| A::narrow(i as f64 / 3.0 - 1.0)).collect();
         let run = |isa: Isa| {
             let mut ln = vec![A::zero(); d];
-            layer_norm_row(
+            layer_norm_rows(
                 isa,
                 Io::Copy {
                     input: row,
                     output: &mut ln,
                 },
+                1,
                 Affine::ScaleShift(&gamma, &beta),
                 1e-5,
             );
             let mut rms = row.to_vec();
-            rms_norm_row(isa, Io::InPlace(&mut rms), Affine::Scale(&gamma), 0.0);
+            rms_norm_rows(isa, Io::InPlace(&mut rms), 1, Affine::Scale(&gamma), 0.0);
             (ln, rms, row_stats(isa, row))
         };
         let baseline = run(Isa::Portable);
@@ -263,6 +281,94 @@ mod tests {
             check_all_paths(&row);
             let narrow: Vec<f32> = row.iter().map(|&v| v as f32).collect();
             check_all_paths(&narrow);
+        }
+    }
+
+    /// A slab of `rows` rows of length `d`, some of them special (constant,
+    /// holding a NaN, huge, tiny), the rest random.
+    fn slab(rows: usize, d: usize) -> Vec<f64> {
+        let mut state = 0x1234_5678_9abc_def1u64 ^ (d as u64);
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let mut values = Vec::with_capacity(rows * d);
+        for r in 0..rows {
+            for j in 0..d {
+                values.push(match r % 7 {
+                    1 => 3.25,
+                    2 if j == d / 2 => f64::NAN,
+                    3 => 1e300 * next(),
+                    4 => 1e-300 * next(),
+                    5 => 1e8 + next(),
+                    _ => next(),
+                });
+            }
+        }
+        values
+    }
+
+    fn check_blocks<A: NormScalar>(values: &[f64], rows: usize, d: usize) {
+        let x: Vec<A> = values.iter().map(|&v| A::narrow(v)).collect();
+        let gamma: Vec<A> = (0..d).map(|i| A::narrow(0.5 + i as f64 / 7.0)).collect();
+        let beta: Vec<A> = (0..d).map(|i| A::narrow(i as f64 / 3.0 - 1.0)).collect();
+        for isa in Isa::available() {
+            for eps in [0.0, 1e-5] {
+                let affine = Affine::ScaleShift(&gamma, &beta);
+                let mut block = vec![A::zero(); x.len()];
+                layer_norm_rows(
+                    isa,
+                    Io::Copy {
+                        input: &x,
+                        output: &mut block,
+                    },
+                    rows,
+                    affine,
+                    eps,
+                );
+                let mut in_place = x.clone();
+                layer_norm_rows(isa, Io::InPlace(&mut in_place), rows, affine, eps);
+                let mut one_by_one = vec![A::zero(); x.len()];
+                for (input, output) in x.chunks(d).zip(one_by_one.chunks_mut(d)) {
+                    layer_norm_rows(isa, Io::Copy { input, output }, 1, affine, eps);
+                }
+                assert_same_bits(
+                    &block,
+                    &one_by_one,
+                    &format!("layer_norm_rows {isa:?} d {d}"),
+                );
+                assert_same_bits(&in_place, &one_by_one, &format!("in place {isa:?} d {d}"));
+
+                let affine = Affine::Scale(&gamma);
+                let mut block = vec![A::zero(); x.len()];
+                rms_norm_rows(
+                    isa,
+                    Io::Copy {
+                        input: &x,
+                        output: &mut block,
+                    },
+                    rows,
+                    affine,
+                    eps,
+                );
+                let mut one_by_one = vec![A::zero(); x.len()];
+                for (input, output) in x.chunks(d).zip(one_by_one.chunks_mut(d)) {
+                    rms_norm_rows(isa, Io::Copy { input, output }, 1, affine, eps);
+                }
+                assert_same_bits(&block, &one_by_one, &format!("rms_norm_rows {isa:?} d {d}"));
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_of_rows_give_the_bits_of_single_rows() {
+        for d in [1, 2, 3, 5, 8, 15, 16, 17, 40] {
+            let rows = 37; // two blocks of 16 and a remainder
+            let values = slab(rows, d);
+            check_blocks::<f64>(&values, rows, d);
+            check_blocks::<f32>(&values, rows, d);
         }
     }
 

@@ -1,6 +1,8 @@
 //! The row kernels' arithmetic, written once for every instruction set:
-//! each function here is `#[inline(always)]`, so it is compiled anew inside
-//! every target-feature trampoline of [`super`].
+//! each function here is `#[inline(always)]` in optimised builds, so it is
+//! compiled anew inside every target-feature trampoline of [`super`]. Debug
+//! builds leave them as calls: inlining everything without optimisation
+//! gives stack frames of megabytes, more than a worker thread's stack.
 //!
 //! # Numerics
 //!
@@ -42,18 +44,19 @@
 //! not depend on the instruction set, on the memory layout of the input, or
 //! on the thread that runs the row. No fused multiply-add is used anywhere.
 
+use super::short::{self, SHORT_ROW};
 use super::simd::{Arith, Vector, LANES};
 use super::{Affine, Io};
 use crate::scalar::NormScalar;
 
 /// Below this, a sum of squares may hold subnormal squares and so lose
 /// relative accuracy.
-const TINY_SQUARES: f64 = 1e-270;
+pub(super) const TINY_SQUARES: f64 = 1e-270;
 
 /// An `eps` at or above this outweighs any sum of squares below
 /// [`TINY_SQUARES`] by more than 2⁵³, so `var + eps` rounds to `eps` however
 /// inaccurate `var` is, and no rescaling is needed.
-const EPS_HIDES_TINY: f64 = 1e-240;
+pub(super) const EPS_HIDES_TINY: f64 = 1e-240;
 
 /// Above this ratio `shift² / (Σ eᵢ² / d)` the short variance formula would
 /// lose more than 2⁻²⁰ of a unit in the last place; recompute instead.
@@ -62,7 +65,7 @@ const SHIFT_TOLERANCE: f64 = 1.0 / (1u64 << 20) as f64;
 /// Magnitudes from which a row is rescaled even if its sums are finite:
 /// the exact remainder of the mean's division splits values into halves,
 /// which must not overflow.
-const HUGE_MAGNITUDE: f64 = 1e290;
+pub(super) const HUGE_MAGNITUDE: f64 = 1e290;
 
 /// How a chunk is read: as is, or times an exact power of two.
 trait Load: Copy {
@@ -73,7 +76,7 @@ trait Load: Copy {
 struct Unscaled;
 
 impl Load for Unscaled {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
         A::load(chunk)
     }
@@ -83,14 +86,14 @@ impl Load for Unscaled {
 struct Scaled(f64);
 
 impl Load for Scaled {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
         A::load::<V>(chunk) * V::splat(self.0)
     }
 }
 
 /// A chunk-sized copy of `tail` (shorter than a chunk), padded with zeros.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
     let mut chunk = [A::zero(); LANES];
     for (slot, &value) in chunk.iter_mut().zip(tail) {
@@ -106,14 +109,14 @@ trait Blend: Copy {
 }
 
 impl<V: Vector> Blend for V {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn blend(self, old: Self, active: usize) -> Self {
         Vector::blend(self, old, active)
     }
 }
 
 impl<P: Blend, Q: Blend> Blend for (P, Q) {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn blend(self, old: Self, active: usize) -> Self {
         (self.0.blend(old.0, active), self.1.blend(old.1, active))
     }
@@ -127,7 +130,7 @@ trait Fold<V>: Copy {
     type State: Blend;
     fn step(self, state: Self::State, value: V) -> Self::State;
     /// Called after every block of [`BLOCK`] vectors, and after the last.
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn flush(self, state: Self::State) -> Self::State {
         state
     }
@@ -139,7 +142,7 @@ const BLOCK: usize = 8;
 /// Folds over the row one vector at a time: element `i` goes to lane
 /// `i % LANES`. The last, partial chunk is padded with zeros, and only its
 /// real lanes keep the update.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
     x: &[A],
     load: L,
@@ -163,7 +166,7 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
 
 /// The lanes added by a fixed halving tree (lane `l` takes lane `l + w` for
 /// `w = LANES/2, LANES/4, …, 1`).
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn lane_sum<V: Vector>(mut v: V) -> f64 {
     let mut width = LANES;
     while width > 1 {
@@ -174,7 +177,7 @@ fn lane_sum<V: Vector>(mut v: V) -> f64 {
 }
 
 /// The smallest lane of `min` and the largest of `max`, by the same tree.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn lane_min_max<V: Vector>(mut min: V, mut max: V) -> (f64, f64) {
     let mut width = LANES;
     while width > 1 {
@@ -186,8 +189,8 @@ fn lane_min_max<V: Vector>(mut min: V, mut max: V) -> (f64, f64) {
 }
 
 /// Knuth's TwoSum: `sum + err == a + b` exactly, whatever the magnitudes.
-#[inline(always)]
-fn two_sum<T: Arith>(a: T, b: T) -> (T, T) {
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn two_sum<T: Arith>(a: T, b: T) -> (T, T) {
     let sum = a + b;
     let b_part = sum - a;
     let a_part = sum - b_part;
@@ -206,7 +209,7 @@ struct CompensatedSum<V> {
 }
 
 impl<V: Vector> CompensatedSum<V> {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn new() -> Self {
         CompensatedSum {
             high: V::splat(0.0),
@@ -214,7 +217,7 @@ impl<V: Vector> CompensatedSum<V> {
         }
     }
 
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn add(self, value: V) -> Self {
         let (high, err) = two_sum(self.high, value);
         CompensatedSum {
@@ -226,7 +229,7 @@ impl<V: Vector> CompensatedSum<V> {
     /// Combines the lanes by a fixed halving tree (lane `l` takes lane
     /// `l + w` for `w = LANES/2, LANES/4, …, 1`), keeping the error of each
     /// combination: the sum as `hi + lo`.
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn total_pair(self) -> Pair {
         let CompensatedSum { mut high, mut low } = self;
         let mut width = LANES;
@@ -242,7 +245,7 @@ impl<V: Vector> CompensatedSum<V> {
 }
 
 impl<V: Vector> Blend for CompensatedSum<V> {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn blend(self, old: Self, active: usize) -> Self {
         CompensatedSum {
             high: self.high.blend(old.high, active),
@@ -262,7 +265,7 @@ struct BlockedSum<V> {
 }
 
 impl<V: Vector> BlockedSum<V> {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn new() -> Self {
         BlockedSum {
             block: V::splat(0.0),
@@ -270,7 +273,7 @@ impl<V: Vector> BlockedSum<V> {
         }
     }
 
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn add(self, value: V) -> Self {
         BlockedSum {
             block: self.block + value,
@@ -278,7 +281,7 @@ impl<V: Vector> BlockedSum<V> {
         }
     }
 
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn flush(self) -> Self {
         BlockedSum {
             block: V::splat(0.0),
@@ -292,14 +295,14 @@ impl<V: Vector> BlockedSum<V> {
     /// high and the low parts. For sums of non-negative terms, or wherever a
     /// few more roundings of the sum of magnitudes are affordable: the trees
     /// add at most `⌈log₂ LANES⌉ + 1` of them to the block sums' `BLOCK`.
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn plain_total(self) -> f64 {
         lane_sum(self.total.high) + lane_sum(self.total.low)
     }
 }
 
 impl<V: Vector> Blend for BlockedSum<V> {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn blend(self, old: Self, active: usize) -> Self {
         BlockedSum {
             block: self.block.blend(old.block, active),
@@ -319,7 +322,7 @@ impl Pair {
     /// `self / d` as a pair: the high part's remainder is computed exactly
     /// (Dekker's product), so the quotient is good to about 2⁻¹⁰⁴ relative.
     /// Requires `|hi| < 2⁹⁹⁰` so that the splitting cannot overflow.
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn divide(self, d: f64) -> Pair {
         let q = self.hi / d;
         let (p, p_err) = two_product(q, d);
@@ -333,17 +336,17 @@ impl Pair {
 }
 
 /// Veltkamp's split: `a == hi + lo` with both halves of 26 bits or fewer.
-#[inline(always)]
-fn split(a: f64) -> (f64, f64) {
-    let c = 134_217_729.0 * a; // 2^27 + 1
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn split<T: Arith>(a: T) -> (T, T) {
+    let c = T::splat(134_217_729.0) * a; // 2^27 + 1
     let hi = c - (c - a);
     (hi, a - hi)
 }
 
 /// Dekker's TwoProduct without FMA: `p + err == a * b` exactly (barring
 /// underflow).
-#[inline(always)]
-fn two_product(a: f64, b: f64) -> (f64, f64) {
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn two_product<T: Arith>(a: T, b: T) -> (T, T) {
     let p = a * b;
     let (a_hi, a_lo) = split(a);
     let (b_hi, b_lo) = split(b);
@@ -359,14 +362,14 @@ struct Spread {
 }
 
 impl Spread {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn magnitude(&self) -> f64 {
         self.min.abs().max(self.max.abs())
     }
 }
 
 /// The first element as loaded, the neutral start of a minimum or maximum.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn first_loaded<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> V {
     match x.first() {
         Some(&v) => load.load(&[v; LANES]),
@@ -374,7 +377,7 @@ fn first_loaded<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> V {
     }
 }
 
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn spread<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> Spread {
     let first = first_loaded::<A, V, L>(x, load);
     let init = (CompensatedSum::<V>::new(), (first, first));
@@ -393,7 +396,7 @@ struct SpreadFold;
 
 impl<V: Vector> Fold<V> for SpreadFold {
     type State = (CompensatedSum<V>, (V, V));
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn step(self, (sum, (min, max)): Self::State, v: V) -> Self::State {
         (sum.add(v), (min.min_select(v), max.max_select(v)))
     }
@@ -405,7 +408,7 @@ struct PlainSpread;
 
 impl<V: Vector> Fold<V> for PlainSpread {
     type State = (V, (V, V));
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn step(self, (sum, (min, max)): Self::State, v: V) -> Self::State {
         (sum + v, (min.min_select(v), max.max_select(v)))
     }
@@ -422,7 +425,7 @@ struct Deviations<V> {
 
 impl<V: Vector> Fold<V> for Deviations<V> {
     type State = ((BlockedSum<V>, V), V);
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn step(self, ((sum, squares), closest): Self::State, v: V) -> Self::State {
         let dev = v - self.base;
         let distance = (dev - self.correction).abs();
@@ -431,7 +434,7 @@ impl<V: Vector> Fold<V> for Deviations<V> {
             closest.min_select(distance),
         )
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn flush(self, ((sum, squares), closest): Self::State) -> Self::State {
         ((sum.flush(), squares), closest)
     }
@@ -447,7 +450,7 @@ struct CentredSquares<V> {
 
 impl<V: Vector> Fold<V> for CentredSquares<V> {
     type State = BlockedSum<V>;
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn step(self, squares: Self::State, v: V) -> Self::State {
         let dev = match self.shift {
             Some(shift) => (v - self.base) - shift,
@@ -455,13 +458,13 @@ impl<V: Vector> Fold<V> for CentredSquares<V> {
         };
         squares.add(dev * dev)
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn flush(self, squares: Self::State) -> Self::State {
         squares.flush()
     }
 }
 
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn centred_square_sum<A: NormScalar, V: Vector, L: Load>(
     x: &[A],
     load: L,
@@ -481,17 +484,17 @@ struct Squares;
 
 impl<V: Vector> Fold<V> for Squares {
     type State = BlockedSum<V>;
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn step(self, squares: Self::State, v: V) -> Self::State {
         squares.add(v * v)
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn flush(self, squares: Self::State) -> Self::State {
         squares.flush()
     }
 }
 
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn square_sum<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> f64 {
     fold_row(x, load, BlockedSum::<V>::new(), Squares).plain_total()
 }
@@ -503,14 +506,14 @@ struct StatsFold;
 
 impl<V: Vector> Fold<V> for StatsFold {
     type State = ((CompensatedSum<V>, BlockedSum<V>), (V, V));
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn step(self, ((sum, squares), (min, max)): Self::State, v: V) -> Self::State {
         (
             (sum.add(v), squares.add(v * v)),
             (min.min_select(v), max.max_select(v)),
         )
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn flush(self, ((sum, squares), extremes): Self::State) -> Self::State {
         ((sum, squares.flush()), extremes)
     }
@@ -537,7 +540,7 @@ fn scale_towards_one(magnitude: f64) -> f64 {
 /// `1 / √(mean_square + eps)` for data that was multiplied by `scale`:
 /// `eps` is scaled alike. An all-zero row with `eps = 0` gets 0, so its
 /// output is 0 rather than `0 · ∞`.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
     let scaled_eps = eps * scale * scale;
     if scaled_eps.is_finite() {
@@ -570,7 +573,7 @@ pub(super) enum Centring {
 }
 
 /// LayerNorm statistics of one row (`x` non-empty).
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
     if size_of::<A>() == size_of::<f32>() {
         if let Some(centring) = single_precision_centring::<A, V>(x, eps) {
@@ -599,7 +602,7 @@ const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 /// almost exactly on the mean), `None` hands the row to the exact path.
 /// The variance needs no such care: its relative error, about
 /// `(BLOCK + d · shift² / Σ eᵢ²) · 2⁻⁵³`, stays far below `f32` precision.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<Centring> {
     let d = x.len() as f64;
     let first = first_loaded::<A, V, _>(x, Unscaled);
@@ -642,7 +645,7 @@ fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Opt
 }
 
 /// LayerNorm statistics with the exact mean split of the module docs.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
     let spread_ = spread::<A, V, _>(x, Unscaled);
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
@@ -671,7 +674,7 @@ fn rescaled_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64, magnitude: f64
 
 /// Passes 2 and 3 of the scheme in the module docs. `scale` is `None` on the
 /// first attempt, which returns `None` when the row needs rescaling.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn centre<A: NormScalar, V: Vector, L: Load>(
     x: &[A],
     load: L,
@@ -706,7 +709,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
 
 /// RMSNorm scale of one row (`x` non-empty): `nᵢ = xᵢ · scale · inv_rms`,
 /// or `None` if the row holds a NaN or an infinity.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
     let d = x.len() as f64;
     let squares = square_sum::<A, V, _>(x, Unscaled);
@@ -739,8 +742,17 @@ fn rescaled_rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(
 /// of the compensated square sum. A row holding a NaN or an infinity gets
 /// IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
+    if x.len() <= SHORT_ROW {
+        return short::row_stats(x);
+    }
+    general_row_stats::<A, V>(x)
+}
+
+/// [`row_stats`] of a row of any length.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
     let d = x.len() as f64;
     let first = first_loaded::<A, V, _>(x, Unscaled);
     let init = ((CompensatedSum::new(), BlockedSum::new()), (first, first));
@@ -797,7 +809,7 @@ struct Centre<V> {
 }
 
 impl<V: Vector> Normalise<V> for Centre<V> {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply(self, x: V) -> V {
         let x = match self.scale {
             Some(scale) => x * scale,
@@ -815,7 +827,7 @@ struct Rescale<V> {
 }
 
 impl<V: Vector> Normalise<V> for Rescale<V> {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply(self, x: V) -> V {
         let x = match self.scale {
             Some(scale) => x * scale,
@@ -826,7 +838,7 @@ impl<V: Vector> Normalise<V> for Rescale<V> {
 }
 
 /// `Some(splat(scale))` unless `scale` is 1.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn optional_scale<V: Vector>(scale: f64) -> Option<V> {
     (scale != 1.0).then(|| V::splat(scale))
 }
@@ -835,7 +847,7 @@ fn optional_scale<V: Vector>(scale: f64) -> Option<V> {
 /// once to the element type. The source of each chunk is a copy of its
 /// destination when the row is normalised in place; the last, partial chunk
 /// is padded with zeros and only its real elements are written.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     io: Io<'_, A>,
     affine: Affine<'_, A>,
@@ -899,7 +911,7 @@ enum ChunkSource<'a, A> {
 }
 
 /// One output vector: `norm(x) · γ + β`, `norm(x) · γ` or `norm(x)`.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn write_chunk<A: NormScalar, V: Vector, N: Normalise<V>>(
     source: &[A; LANES],
     affine: Affine<'_, A>,
@@ -916,15 +928,33 @@ fn write_chunk<A: NormScalar, V: Vector, N: Normalise<V>>(
 }
 
 /// The chunks of a per-feature vector, with its last partial chunk padded.
-#[inline(always)]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn feature_chunks<A: NormScalar>(v: &[A]) -> (&[[A; LANES]], [A; LANES]) {
     let (chunks, tail) = v.as_chunks::<LANES>();
     (chunks, padded(tail))
 }
 
-/// LayerNorm of one row.
-#[inline(always)]
-pub(super) fn layer_norm_row<A: NormScalar, V: Vector>(
+/// LayerNorm of `rows` consecutive rows of `io`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
+    io: Io<'_, A>,
+    rows: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+) {
+    let d = io.input().len() / rows.max(1);
+    if d <= SHORT_ROW {
+        short::layer_norm_rows::<A, V>(io, rows, affine, eps);
+    } else {
+        for io in io.rows(d) {
+            general_layer_norm_row::<A, V>(io, affine, eps);
+        }
+    }
+}
+
+/// LayerNorm of one row of any length.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn general_layer_norm_row<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
     affine: Affine<'_, A>,
     eps: f64,
@@ -954,9 +984,27 @@ pub(super) fn layer_norm_row<A: NormScalar, V: Vector>(
     }
 }
 
-/// RMSNorm of one row.
-#[inline(always)]
-pub(super) fn rms_norm_row<A: NormScalar, V: Vector>(
+/// RMSNorm of `rows` consecutive rows of `io`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
+    io: Io<'_, A>,
+    rows: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+) {
+    let d = io.input().len() / rows.max(1);
+    if d <= SHORT_ROW {
+        short::rms_norm_rows::<A, V>(io, rows, affine, eps);
+    } else {
+        for io in io.rows(d) {
+            general_rms_norm_row::<A, V>(io, affine, eps);
+        }
+    }
+}
+
+/// RMSNorm of one row of any length.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn general_rms_norm_row<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
     affine: Affine<'_, A>,
     eps: f64,

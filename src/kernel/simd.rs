@@ -6,7 +6,7 @@
 //! operation in every lane, and element `i` of a chunk always lands in lane
 //! `i`. The kernels therefore produce the same bits on every path.
 
-use std::ops::{Add, Mul, Sub};
+use std::ops::{Add, Div, Mul, Sub};
 
 /// Number of lanes of every vector, and so of every accumulator.
 pub(crate) const LANES: usize = 16;
@@ -16,7 +16,9 @@ pub(crate) type Lanes = [f64; LANES];
 
 /// Lane-wise arithmetic shared by vectors and plain `f64` (the latter for
 /// the once-per-row scalar steps). Crate-private like [`Vector`].
-pub trait Arith: Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> {
+pub trait Arith:
+    Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self>
+{
     /// Every lane set to `value`.
     fn splat(value: f64) -> Self;
     /// Per lane: `if other < self { other } else { self }`.
@@ -25,14 +27,16 @@ pub trait Arith: Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = S
     fn max_select(self, other: Self) -> Self;
     /// Per lane: the value with its sign bit cleared.
     fn abs(self) -> Self;
+    /// Per lane: the correctly rounded square root.
+    fn sqrt(self) -> Self;
 }
 
 impl Arith for f64 {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn splat(value: f64) -> Self {
         value
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn min_select(self, other: Self) -> Self {
         if other < self {
             other
@@ -40,7 +44,7 @@ impl Arith for f64 {
             self
         }
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn max_select(self, other: Self) -> Self {
         if other > self {
             other
@@ -48,9 +52,13 @@ impl Arith for f64 {
             self
         }
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn abs(self) -> Self {
         f64::abs(self)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
     }
 }
 
@@ -77,7 +85,7 @@ pub trait Vector: Arith {
     fn lanes_from(self, width: usize) -> Self;
 
     /// Lanes below `active` from `self`, the others from `old`.
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn blend(self, old: Self, active: usize) -> Self {
         let new = self.to_lanes();
         let mut lanes = old.to_lanes();
@@ -94,7 +102,7 @@ pub(crate) struct Portable(Lanes);
 
 impl Add for Portable {
     type Output = Self;
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn add(self, other: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l] + other.0[l]))
     }
@@ -102,7 +110,7 @@ impl Add for Portable {
 
 impl Sub for Portable {
     type Output = Self;
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn sub(self, other: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l] - other.0[l]))
     }
@@ -110,59 +118,71 @@ impl Sub for Portable {
 
 impl Mul for Portable {
     type Output = Self;
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn mul(self, other: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l] * other.0[l]))
     }
 }
 
+impl Div for Portable {
+    type Output = Self;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn div(self, other: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l] / other.0[l]))
+    }
+}
+
 impl Arith for Portable {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn splat(value: f64) -> Self {
         Portable([value; LANES])
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn min_select(self, other: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l].min_select(other.0[l])))
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn max_select(self, other: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l].max_select(other.0[l])))
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn abs(self) -> Self {
         Portable(self.0.map(f64::abs))
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn sqrt(self) -> Self {
+        Portable(self.0.map(f64::sqrt))
     }
 }
 
 impl Vector for Portable {
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn to_lanes(self) -> Lanes {
         self.0
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn from_lanes(lanes: &Lanes) -> Self {
         Portable(*lanes)
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn load_f64(chunk: &[f64; LANES]) -> Self {
         Portable(*chunk)
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn load_f32(chunk: &[f32; LANES]) -> Self {
         Portable(std::array::from_fn(|l| f64::from(chunk[l])))
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn store_f64(self, chunk: &mut [f64; LANES]) {
         *chunk = self.0;
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn store_f32(self, chunk: &mut [f32; LANES]) {
         for (out, value) in chunk.iter_mut().zip(self.0) {
             *out = value as f32;
         }
     }
-    #[inline(always)]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn lanes_from(self, width: usize) -> Self {
         let mut lanes = self.0;
         lanes.copy_within(width..2 * width, 0);

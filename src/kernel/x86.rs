@@ -7,7 +7,8 @@
 //! that performs it: `addpd`, `subpd`, `mulpd`, `minpd`/`maxpd` (whose "second
 //! operand unless the first is smaller/larger" rule is exactly
 //! [`Arith::min_select`] / [`Arith::max_select`] with the operands swapped),
-//! `cvtps2pd` (exact) and `cvtpd2ps` (round to nearest). So every type gives
+//! `divpd` and `sqrtpd` (correctly rounded, as IEEE requires), `cvtps2pd`
+//! (exact) and `cvtpd2ps` (round to nearest). So every type gives
 //! the bits of the portable array.
 //!
 //! The vector types are private to the kernels. Their methods execute the
@@ -16,7 +17,7 @@
 //! is the safety argument of every `unsafe` block in this file.
 
 use std::arch::x86_64::*;
-use std::ops::{Add, Mul, Sub};
+use std::ops::{Add, Div, Mul, Sub};
 
 use super::simd::{Arith, Lanes, Vector, LANES};
 
@@ -36,8 +37,8 @@ macro_rules! vector_type {
     (
         $(#[$doc:meta])*
         $name:ident, $register:ty, $width:literal, $count:literal,
-        add: $add:ident, sub: $sub:ident, mul: $mul:ident, min: $min:ident, max: $max:ident,
-        andnot: $andnot:ident,
+        add: $add:ident, sub: $sub:ident, mul: $mul:ident, div: $div:ident,
+        min: $min:ident, max: $max:ident, andnot: $andnot:ident, sqrt: $sqrt:ident,
         splat: $splat:ident, load: $load:ident, store: $store:ident,
         load_f32: |$load_src:ident| $load_f32:expr,
         store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr,
@@ -52,7 +53,7 @@ macro_rules! vector_type {
 
         impl Add for $name {
             type Output = Self;
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn add(self, other: Self) -> Self {
                 let mut out = self.0;
                 for i in 0..$count {
@@ -65,7 +66,7 @@ macro_rules! vector_type {
 
         impl Sub for $name {
             type Output = Self;
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn sub(self, other: Self) -> Self {
                 let mut out = self.0;
                 for i in 0..$count {
@@ -78,7 +79,7 @@ macro_rules! vector_type {
 
         impl Mul for $name {
             type Output = Self;
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn mul(self, other: Self) -> Self {
                 let mut out = self.0;
                 for i in 0..$count {
@@ -89,13 +90,26 @@ macro_rules! vector_type {
             }
         }
 
+        impl Div for $name {
+            type Output = Self;
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn div(self, other: Self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    out[i] = unsafe { $div(self.0[i], other.0[i]) };
+                }
+                $name(out)
+            }
+        }
+
         impl Arith for $name {
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn splat(value: f64) -> Self {
                 // SAFETY: see the module docs: only reached with the features enabled.
                 $name([unsafe { $splat(value) }; $count])
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn min_select(self, other: Self) -> Self {
                 let mut out = self.0;
                 for i in 0..$count {
@@ -105,7 +119,7 @@ macro_rules! vector_type {
                 }
                 $name(out)
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn max_select(self, other: Self) -> Self {
                 let mut out = self.0;
                 for i in 0..$count {
@@ -115,7 +129,7 @@ macro_rules! vector_type {
                 }
                 $name(out)
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn abs(self) -> Self {
                 let sign = Self::splat(-0.0);
                 let mut out = self.0;
@@ -126,20 +140,29 @@ macro_rules! vector_type {
                 }
                 $name(out)
             }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn sqrt(self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    out[i] = unsafe { $sqrt(self.0[i]) };
+                }
+                $name(out)
+            }
         }
 
         impl Vector for $name {
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn to_lanes(self) -> Lanes {
                 let mut lanes = [0.0; LANES];
                 self.store_f64(&mut lanes);
                 lanes
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn from_lanes(lanes: &Lanes) -> Self {
                 Self::load_f64(lanes)
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn load_f64(chunk: &[f64; LANES]) -> Self {
                 let mut out = Self::splat(0.0).0;
                 for i in 0..$count {
@@ -149,7 +172,7 @@ macro_rules! vector_type {
                 }
                 $name(out)
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn load_f32(chunk: &[f32; LANES]) -> Self {
                 let mut out = Self::splat(0.0).0;
                 for i in 0..$count {
@@ -162,7 +185,7 @@ macro_rules! vector_type {
                 }
                 $name(out)
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn store_f64(self, chunk: &mut [f64; LANES]) {
                 for (i, register) in self.0.into_iter().enumerate() {
                     // SAFETY: `i * $width + $width <= LANES`, so the write stays
@@ -170,7 +193,7 @@ macro_rules! vector_type {
                     unsafe { $store(chunk.as_mut_ptr().add(i * $width), register) }
                 }
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn store_f32(self, chunk: &mut [f32; LANES]) {
                 for (i, $store_value) in self.0.into_iter().enumerate() {
                     // SAFETY: `i * $width + $width <= LANES`, so the write stays
@@ -181,7 +204,7 @@ macro_rules! vector_type {
                     }
                 }
             }
-            #[inline(always)]
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn lanes_from(self, width: usize) -> Self {
                 let mut out = self.0;
                 if width >= $width {
@@ -203,8 +226,8 @@ macro_rules! vector_type {
 vector_type! {
     /// 16 lanes in 8 SSE2 registers (the x86-64 baseline).
     Sse2, __m128d, 2, 8,
-    add: _mm_add_pd, sub: _mm_sub_pd, mul: _mm_mul_pd, min: _mm_min_pd, max: _mm_max_pd,
-    andnot: _mm_andnot_pd,
+    add: _mm_add_pd, sub: _mm_sub_pd, mul: _mm_mul_pd, div: _mm_div_pd,
+    min: _mm_min_pd, max: _mm_max_pd, andnot: _mm_andnot_pd, sqrt: _mm_sqrt_pd,
     splat: _mm_set1_pd, load: _mm_loadu_pd, store: _mm_storeu_pd,
     load_f32: |src| _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(src as *const __m128i))),
     store_f32: |value, dst| _mm_storel_epi64(dst as *mut __m128i, _mm_castps_si128(_mm_cvtpd_ps(value))),
@@ -214,8 +237,8 @@ vector_type! {
 vector_type! {
     /// 16 lanes in 4 AVX registers.
     Avx2, __m256d, 4, 4,
-    add: _mm256_add_pd, sub: _mm256_sub_pd, mul: _mm256_mul_pd, min: _mm256_min_pd, max: _mm256_max_pd,
-    andnot: _mm256_andnot_pd,
+    add: _mm256_add_pd, sub: _mm256_sub_pd, mul: _mm256_mul_pd, div: _mm256_div_pd,
+    min: _mm256_min_pd, max: _mm256_max_pd, andnot: _mm256_andnot_pd, sqrt: _mm256_sqrt_pd,
     splat: _mm256_set1_pd, load: _mm256_loadu_pd, store: _mm256_storeu_pd,
     load_f32: |src| _mm256_cvtps_pd(_mm_loadu_ps(src)),
     store_f32: |value, dst| _mm_storeu_ps(dst, _mm256_cvtpd_ps(value)),
@@ -228,8 +251,8 @@ vector_type! {
 vector_type! {
     /// 16 lanes in 2 AVX-512 registers.
     Avx512, __m512d, 8, 2,
-    add: _mm512_add_pd, sub: _mm512_sub_pd, mul: _mm512_mul_pd, min: _mm512_min_pd, max: _mm512_max_pd,
-    andnot: _mm512_andnot_pd,
+    add: _mm512_add_pd, sub: _mm512_sub_pd, mul: _mm512_mul_pd, div: _mm512_div_pd,
+    min: _mm512_min_pd, max: _mm512_max_pd, andnot: _mm512_andnot_pd, sqrt: _mm512_sqrt_pd,
     splat: _mm512_set1_pd, load: _mm512_loadu_pd, store: _mm512_storeu_pd,
     load_f32: |src| _mm512_cvtps_pd(_mm256_loadu_ps(src)),
     store_f32: |value, dst| _mm256_storeu_ps(dst, _mm512_cvtpd_ps(value)),
@@ -251,23 +274,25 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn layer_norm_row<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn layer_norm_rows<A: NormScalar>(
             io: Io<'_, A>,
+            rows: usize,
             affine: Affine<'_, A>,
             eps: f64,
         ) {
-            portable::layer_norm_row::<A, $vector>(io, affine, eps)
+            portable::layer_norm_rows::<A, $vector>(io, rows, affine, eps)
         }
 
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn rms_norm_row<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn rms_norm_rows<A: NormScalar>(
             io: Io<'_, A>,
+            rows: usize,
             affine: Affine<'_, A>,
             eps: f64,
         ) {
-            portable::rms_norm_row::<A, $vector>(io, affine, eps)
+            portable::rms_norm_rows::<A, $vector>(io, rows, affine, eps)
         }
 
         /// # Safety

@@ -1,0 +1,323 @@
+//! Short rows, of at most [`SHORT_ROW`] elements.
+//!
+//! A short row fills at most one vector, so the lane-parallel kernels of
+//! [`super::portable`] would spend most of their time reducing lanes. Short
+//! rows use a simpler algorithm instead, written once over [`Arith`] so that
+//! it runs on one row at a time (`T = f64`) or on the same element of 16
+//! rows at once (`T` a kernel vector, one row per lane), with the same
+//! operations in the same order either way, hence the same bits:
+//!
+//! 1. the compensated sum `S` of the row, element by element (TwoSum), and
+//!    its extremes;
+//! 2. the mean split as `S / d = base + shift` with Dekker's exact remainder,
+//!    as in the long-row kernel;
+//! 3. the compensated sum of `((xᵢ - base) - shift)²` (of `xᵢ²` for RMSNorm);
+//! 4. outputs `((xᵢ - base) - shift) · inv_std` (`xᵢ · inv_rms`), times `γᵢ`
+//!    plus `βᵢ`, each rounded once to the element type.
+//!
+//! Rows that need care (a NaN or an infinity, all elements equal, `f64`
+//! squares that overflow or underflow, an all-zero row under RMSNorm with
+//! `eps = 0`) are recognised from the same statistics and handed to the
+//! long-row kernel, which handles them all. Which algorithm a row gets
+//! depends only on its length and its values, never on the layout, the
+//! instruction set or the thread.
+
+use super::portable::{
+    general_layer_norm_row, general_rms_norm_row, general_row_stats, two_product, two_sum,
+    EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
+};
+use super::simd::{Arith, Vector, LANES};
+use super::{Affine, Io};
+use crate::scalar::NormScalar;
+
+/// Rows of at most this many elements are short.
+pub(super) const SHORT_ROW: usize = LANES;
+
+/// What a row's fit is judged from, one row per lane of `T`.
+type Check<T> = [T; 4];
+
+/// Compensated sum of `terms`, added in order.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn compensated<T: Arith>(terms: impl Iterator<Item = T>) -> T {
+    let (mut high, mut low) = (T::splat(0.0), T::splat(0.0));
+    for term in terms {
+        let (sum, err) = two_sum(high, term);
+        high = sum;
+        low = low + err;
+    }
+    high + low
+}
+
+/// `S / d = base + shift` with the extremes (steps 1 and 2).
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn mean_split<T: Arith>(columns: &[T]) -> (T, T, T, T) {
+    let d = T::splat(columns.len() as f64);
+    let first = columns.first().copied().unwrap_or(T::splat(0.0));
+    let (mut high, mut low, mut min, mut max) = (first, T::splat(0.0), first, first);
+    for &x in columns.iter().skip(1) {
+        let (sum, err) = two_sum(high, x);
+        high = sum;
+        low = low + err;
+        min = min.min_select(x);
+        max = max.max_select(x);
+    }
+    let (high, low) = two_sum(high, low);
+    let base = high / d;
+    let (product, product_err) = two_product(base, d);
+    // high - product is exact: product is within an ulp of high (Sterbenz).
+    let shift = (((high - product) - product_err) + low) / d;
+    (base, shift, min, max)
+}
+
+/// `1 / √(squares / d + eps)`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn inverse_root<T: Arith>(squares: T, d: usize, eps: f64) -> T {
+    T::splat(1.0) / (squares / T::splat(d as f64) + T::splat(eps)).sqrt()
+}
+
+/// One output element: `n · γⱼ + βⱼ`, `n · γⱼ` or `n`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A>, j: usize) -> T {
+    let feature = |v: &[A], default: f64| v.get(j).map_or(default, |v| v.widen());
+    match affine {
+        Affine::Identity => n,
+        Affine::Scale(gamma) => n * T::splat(feature(gamma, 1.0)),
+        Affine::ScaleShift(gamma, beta) => {
+            n * T::splat(feature(gamma, 1.0)) + T::splat(feature(beta, 0.0))
+        }
+    }
+}
+
+/// A normalisation of short rows, evaluated on one row (`T = f64`) or on
+/// 16 rows at once (`T` a vector). A struct rather than closures, for the
+/// reason given at `portable::Fold`.
+trait ShortOp<A: NormScalar>: Copy {
+    /// Writes element `j` of every row's output to `outputs[j]` and
+    /// returns what [`ShortOp::fits`] judges.
+    fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T>;
+    /// Whether the outputs of a row with this check are final.
+    fn fits(self, check: [f64; 4], d: usize) -> bool;
+    /// The long-row kernel, for the rows that do not fit.
+    fn general<V: Vector>(self, io: Io<'_, A>);
+}
+
+#[derive(Clone, Copy)]
+struct LayerNormOp<'a, A> {
+    affine: Affine<'a, A>,
+    eps: f64,
+}
+
+impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
+        let (base, shift, min, max) = mean_split(columns);
+        let squares = compensated(columns.iter().map(|&x| {
+            let dev = (x - base) - shift;
+            dev * dev
+        }));
+        let inv_std = inverse_root(squares, columns.len(), self.eps);
+        for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
+            *out = affine_element(((x - base) - shift) * inv_std, self.affine, j);
+        }
+        [base, min, max, squares]
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn fits(self, [base, min, max, squares]: [f64; 4], _d: usize) -> bool {
+        base.is_finite()
+            && min != max
+            && min.abs().max(max.abs()) < HUGE_MAGNITUDE
+            && squares.is_finite()
+            && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn general<V: Vector>(self, io: Io<'_, A>) {
+        general_layer_norm_row::<A, V>(io, self.affine, self.eps);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct RmsNormOp<'a, A> {
+    affine: Affine<'a, A>,
+    eps: f64,
+}
+
+impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
+        let squares = compensated(columns.iter().map(|&x| x * x));
+        let inv_rms = inverse_root(squares, columns.len(), self.eps);
+        for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
+            *out = affine_element(x * inv_rms, self.affine, j);
+        }
+        let zero = T::splat(0.0);
+        [squares, zero, zero, zero]
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn fits(self, [squares, ..]: [f64; 4], d: usize) -> bool {
+        squares.is_finite()
+            && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
+            && squares / d as f64 + self.eps != 0.0
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn general<V: Vector>(self, io: Io<'_, A>) {
+        general_rms_norm_row::<A, V>(io, self.affine, self.eps);
+    }
+}
+
+/// LayerNorm of the `rows` consecutive short rows of `io`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
+    io: Io<'_, A>,
+    rows: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+) {
+    for_rows::<A, V, _>(io, rows, LayerNormOp { affine, eps });
+}
+
+/// RMSNorm of the `rows` consecutive short rows of `io`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
+    io: Io<'_, A>,
+    rows: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+) {
+    for_rows::<A, V, _>(io, rows, RmsNormOp { affine, eps });
+}
+
+/// Runs `op` on every row: 16 rows at a time with vectors, the rest one by
+/// one.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize, op: Op) {
+    let d = io.input().len() / rows.max(1);
+    if d == 0 {
+        return;
+    }
+    let block = d * LANES;
+    match io {
+        Io::Copy { input, output } => {
+            let mut inputs = input.chunks_exact(block);
+            let mut outputs = output.chunks_exact_mut(block);
+            for (input, output) in (&mut inputs).zip(&mut outputs) {
+                sixteen_rows::<A, V, Op>(Some(input), output, d, op);
+            }
+            let rest = inputs.remainder().chunks_exact(d);
+            for (input, output) in rest.zip(outputs.into_remainder().chunks_exact_mut(d)) {
+                one_row::<A, V, Op>(Io::Copy { input, output }, op);
+            }
+        }
+        Io::InPlace(rows) => {
+            let mut blocks = rows.chunks_exact_mut(block);
+            for rows in &mut blocks {
+                sixteen_rows::<A, V, Op>(None, rows, d, op);
+            }
+            for row in blocks.into_remainder().chunks_exact_mut(d) {
+                one_row::<A, V, Op>(Io::InPlace(row), op);
+            }
+        }
+    }
+}
+
+/// One short row, in `f64`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn one_row<A: NormScalar, V: Vector, Op: ShortOp<A>>(mut io: Io<'_, A>, op: Op) {
+    let mut columns = [0.0f64; SHORT_ROW];
+    let d = io.input().len().min(SHORT_ROW);
+    for (slot, &x) in columns.iter_mut().zip(io.input()) {
+        *slot = x.widen();
+    }
+    let mut outputs = [0.0f64; SHORT_ROW];
+    let check = op.outputs(&columns[..d], &mut outputs);
+    if op.fits(check, d) {
+        for (y, &value) in io.output().iter_mut().zip(&outputs) {
+            *y = A::narrow(value);
+        }
+    } else {
+        op.general::<V>(io);
+    }
+}
+
+/// Sixteen short rows of length `d`, one per lane. `source` is `None` when
+/// the rows are normalised in place. Rows that do not fit are left alone by
+/// the vector pass and then handed to the long-row kernel one by one.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
+    source: Option<&[A]>,
+    destination: &mut [A],
+    d: usize,
+    op: Op,
+) {
+    // Transpose: lanes[j][r] is element j of row r.
+    let mut lanes = [[0.0f64; LANES]; SHORT_ROW];
+    {
+        let source_rows = source.unwrap_or(&*destination).chunks_exact(d);
+        for (r, row) in source_rows.enumerate().take(LANES) {
+            for (column, &x) in lanes.iter_mut().zip(row) {
+                column[r] = x.widen();
+            }
+        }
+    }
+    let mut columns = [V::splat(0.0); SHORT_ROW];
+    for (column, lane_values) in columns.iter_mut().zip(&lanes) {
+        *column = V::from_lanes(lane_values);
+    }
+    let mut outputs = [V::splat(0.0); SHORT_ROW];
+    let check = op.outputs(&columns[..d], &mut outputs);
+    let mut check_lanes = [[0.0f64; LANES]; 4];
+    for (lanes, value) in check_lanes.iter_mut().zip(check) {
+        *lanes = value.to_lanes();
+    }
+    let mut fits = [false; LANES];
+    for (r, fit) in fits.iter_mut().enumerate() {
+        let [a, b, c, e] = check_lanes;
+        *fit = op.fits([a[r], b[r], c[r], e[r]], d);
+    }
+    for (j, output) in outputs.iter().take(d).enumerate() {
+        let values = output.to_lanes();
+        for (r, row) in destination.chunks_exact_mut(d).enumerate().take(LANES) {
+            if fits[r] {
+                if let Some(y) = row.get_mut(j) {
+                    *y = A::narrow(values[r]);
+                }
+            }
+        }
+    }
+    for (r, row) in destination.chunks_exact_mut(d).enumerate().take(LANES) {
+        if !fits[r] {
+            match source.and_then(|source| source.chunks_exact(d).nth(r)) {
+                Some(input) => op.general::<V>(Io::Copy { input, output: row }),
+                None => op.general::<V>(Io::InPlace(row)),
+            }
+        }
+    }
+}
+
+/// `(mean, rms)` of one short row.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
+    let mut values = [0.0f64; SHORT_ROW];
+    for (slot, &v) in values.iter_mut().zip(x) {
+        *slot = v.widen();
+    }
+    let columns = &values[..x.len().min(SHORT_ROW)];
+    let d = columns.len();
+    let (base, shift, min, max) = mean_split(columns);
+    let squares = compensated(columns.iter().map(|&v| v * v));
+    let fits = base.is_finite()
+        && min != max
+        && min.abs().max(max.abs()) < HUGE_MAGNITUDE
+        && squares.is_finite()
+        && squares >= TINY_SQUARES;
+    if fits {
+        (base + shift, (squares / d as f64).sqrt())
+    } else {
+        // The long-row kernel handles every special row; the vector type
+        // is irrelevant for a row this short.
+        general_row_stats::<A, super::simd::Portable>(x)
+    }
+}
