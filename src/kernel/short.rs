@@ -36,12 +36,15 @@ pub(super) const SHORT_ROW: usize = LANES;
 /// What a row's fit is judged from, one row per lane of `T`.
 type Check<T> = [T; 4];
 
-/// Compensated sum of `terms`, added in order.
+/// Compensated `Σ ((xᵢ - base) - shift)²`, added in order. (A loop, not an
+/// iterator adapter: its closure would be compiled outside the trampoline's
+/// target features.)
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn compensated<T: Arith>(terms: impl Iterator<Item = T>) -> T {
+fn compensated_squares<T: Arith>(columns: &[T], base: T, shift: T) -> T {
     let (mut high, mut low) = (T::splat(0.0), T::splat(0.0));
-    for term in terms {
-        let (sum, err) = two_sum(high, term);
+    for &x in columns {
+        let dev = (x - base) - shift;
+        let (sum, err) = two_sum(high, dev * dev);
         high = sum;
         low = low + err;
     }
@@ -88,16 +91,30 @@ fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A>, j: usize
     }
 }
 
+/// What becomes of one row once its statistics are known.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The computed outputs are final.
+    Normalised,
+    /// Every element is equal: the output is [`ShortOp::constant_output`],
+    /// exactly as the long-row kernel writes it.
+    Constant,
+    /// The long-row kernel must handle the row.
+    General,
+}
+
 /// A normalisation of short rows, evaluated on one row (`T = f64`) or on
 /// 16 rows at once (`T` a vector). A struct rather than closures, for the
 /// reason given at `portable::Fold`.
 trait ShortOp<A: NormScalar>: Copy {
     /// Writes element `j` of every row's output to `outputs[j]` and
-    /// returns what [`ShortOp::fits`] judges.
+    /// returns what [`ShortOp::verdict`] judges.
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T>;
-    /// Whether the outputs of a row with this check are final.
-    fn fits(self, check: [f64; 4], d: usize) -> bool;
-    /// The long-row kernel, for the rows that do not fit.
+    /// What becomes of a row with this check.
+    fn verdict(self, check: [f64; 4], d: usize) -> Verdict;
+    /// Output element `j` of a constant row.
+    fn constant_output(self, j: usize) -> A;
+    /// The long-row kernel, for the rows it must handle.
     fn general<V: Vector>(self, io: Io<'_, A>);
 }
 
@@ -111,10 +128,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
         let (base, shift, min, max) = mean_split(columns);
-        let squares = compensated(columns.iter().map(|&x| {
-            let dev = (x - base) - shift;
-            dev * dev
-        }));
+        let squares = compensated_squares(columns, base, shift);
         let inv_std = inverse_root(squares, columns.len(), self.eps);
         for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
             *out = affine_element(((x - base) - shift) * inv_std, self.affine, j);
@@ -123,12 +137,24 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn fits(self, [base, min, max, squares]: [f64; 4], _d: usize) -> bool {
-        base.is_finite()
-            && min != max
-            && min.abs().max(max.abs()) < HUGE_MAGNITUDE
-            && squares.is_finite()
-            && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
+    fn verdict(self, [base, min, max, squares]: [f64; 4], _d: usize) -> Verdict {
+        if !base.is_finite() || min.abs().max(max.abs()) >= HUGE_MAGNITUDE {
+            Verdict::General
+        } else if min == max {
+            Verdict::Constant
+        } else if squares.is_finite() && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY) {
+            Verdict::Normalised
+        } else {
+            Verdict::General
+        }
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn constant_output(self, j: usize) -> A {
+        match self.affine {
+            Affine::ScaleShift(_, beta) => beta.get(j).copied().unwrap_or(A::zero()),
+            Affine::Identity | Affine::Scale(_) => A::zero(),
+        }
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -146,20 +172,30 @@ struct RmsNormOp<'a, A> {
 impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
-        let squares = compensated(columns.iter().map(|&x| x * x));
+        let zero = T::splat(0.0);
+        let squares = compensated_squares(columns, zero, zero);
         let inv_rms = inverse_root(squares, columns.len(), self.eps);
         for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
             *out = affine_element(x * inv_rms, self.affine, j);
         }
-        let zero = T::splat(0.0);
         [squares, zero, zero, zero]
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn fits(self, [squares, ..]: [f64; 4], d: usize) -> bool {
-        squares.is_finite()
+    fn verdict(self, [squares, ..]: [f64; 4], d: usize) -> Verdict {
+        let fits = squares.is_finite()
             && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
-            && squares / d as f64 + self.eps != 0.0
+            && squares / d as f64 + self.eps != 0.0;
+        if fits {
+            Verdict::Normalised
+        } else {
+            Verdict::General
+        }
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn constant_output(self, _j: usize) -> A {
+        A::zero()
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -233,12 +269,18 @@ fn one_row<A: NormScalar, V: Vector, Op: ShortOp<A>>(mut io: Io<'_, A>, op: Op) 
     }
     let mut outputs = [0.0f64; SHORT_ROW];
     let check = op.outputs(&columns[..d], &mut outputs);
-    if op.fits(check, d) {
-        for (y, &value) in io.output().iter_mut().zip(&outputs) {
-            *y = A::narrow(value);
+    match op.verdict(check, d) {
+        Verdict::Normalised => {
+            for (y, &value) in io.output().iter_mut().zip(&outputs) {
+                *y = A::narrow(value);
+            }
         }
-    } else {
-        op.general::<V>(io);
+        Verdict::Constant => {
+            for (j, y) in io.output().iter_mut().enumerate() {
+                *y = op.constant_output(j);
+            }
+        }
+        Verdict::General => op.general::<V>(io),
     }
 }
 
@@ -263,7 +305,7 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
         }
     }
     let mut columns = [V::splat(0.0); SHORT_ROW];
-    for (column, lane_values) in columns.iter_mut().zip(&lanes) {
+    for (column, lane_values) in columns.iter_mut().zip(&lanes).take(d) {
         *column = V::from_lanes(lane_values);
     }
     let mut outputs = [V::splat(0.0); SHORT_ROW];
@@ -272,27 +314,31 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
     for (lanes, value) in check_lanes.iter_mut().zip(check) {
         *lanes = value.to_lanes();
     }
-    let mut fits = [false; LANES];
-    for (r, fit) in fits.iter_mut().enumerate() {
+    let mut verdicts = [Verdict::General; LANES];
+    for (r, verdict) in verdicts.iter_mut().enumerate() {
         let [a, b, c, e] = check_lanes;
-        *fit = op.fits([a[r], b[r], c[r], e[r]], d);
+        *verdict = op.verdict([a[r], b[r], c[r], e[r]], d);
     }
-    for (j, output) in outputs.iter().take(d).enumerate() {
-        let values = output.to_lanes();
-        for (r, row) in destination.chunks_exact_mut(d).enumerate().take(LANES) {
-            if fits[r] {
-                if let Some(y) = row.get_mut(j) {
-                    *y = A::narrow(values[r]);
-                }
-            }
-        }
+    // Transpose back, then write row by row.
+    for (lane_values, output) in lanes.iter_mut().zip(&outputs).take(d) {
+        *lane_values = output.to_lanes();
     }
     for (r, row) in destination.chunks_exact_mut(d).enumerate().take(LANES) {
-        if !fits[r] {
-            match source.and_then(|source| source.chunks_exact(d).nth(r)) {
+        match verdicts[r] {
+            Verdict::Normalised => {
+                for (y, lane_values) in row.iter_mut().zip(&lanes) {
+                    *y = A::narrow(lane_values[r]);
+                }
+            }
+            Verdict::Constant => {
+                for (j, y) in row.iter_mut().enumerate() {
+                    *y = op.constant_output(j);
+                }
+            }
+            Verdict::General => match source.and_then(|source| source.chunks_exact(d).nth(r)) {
                 Some(input) => op.general::<V>(Io::Copy { input, output: row }),
                 None => op.general::<V>(Io::InPlace(row)),
-            }
+            },
         }
     }
 }
@@ -307,7 +353,7 @@ pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
     let columns = &values[..x.len().min(SHORT_ROW)];
     let d = columns.len();
     let (base, shift, min, max) = mean_split(columns);
-    let squares = compensated(columns.iter().map(|&v| v * v));
+    let squares = compensated_squares(columns, 0.0, 0.0);
     let fits = base.is_finite()
         && min != max
         && min.abs().max(max.abs()) < HUGE_MAGNITUDE
