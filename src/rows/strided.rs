@@ -43,6 +43,13 @@ const MAX_BLOCK_ROWS: usize = 64;
 /// Bytes of each row a tile of the column-wise walk covers: two cache lines.
 const TILE_BYTES: usize = 128;
 
+/// Rows of at most this many bytes are gathered straight into a contiguous
+/// output and normalised there; longer ones go through the buffer. Measured
+/// on 64 MiB Fortran-order `f32` inputs at one thread: straight into the
+/// output was a third faster at d = 64, no different at d = 4 and 768, and
+/// slower at d = 4096.
+const DIRECT_ROW_BYTES: usize = 1 << 10;
+
 /// Rows per block for rows of `d` elements of `A`.
 fn block_rows<A>(d: usize) -> usize {
     let row_bytes = (d * std::mem::size_of::<A>()).max(1);
@@ -378,6 +385,23 @@ where
                                 // Not reached: both rows were found contiguous.
                                 let row = &mut buf[..d];
                                 gather(&input.insert_axis(Axis(0)), row);
+                                kernel(Io::InPlace(row));
+                                scatter(row, &mut output.insert_axis(Axis(0)));
+                            }
+                        }
+                    }
+                }
+                (true, false) if d * std::mem::size_of::<A>() <= DIRECT_ROW_BYTES => {
+                    // Short rows: gather straight into the output rows and
+                    // normalise them there.
+                    copy_block(&mut out, &x, x.strides());
+                    for mut output in out.rows_mut() {
+                        match output.as_slice_mut() {
+                            Some(output) => kernel(Io::InPlace(output)),
+                            None => {
+                                // Not reached: the output rows were found contiguous.
+                                let row = &mut buf[..d];
+                                gather(&output.view().insert_axis(Axis(0)), row);
                                 kernel(Io::InPlace(row));
                                 scatter(row, &mut output.insert_axis(Axis(0)));
                             }
