@@ -132,11 +132,7 @@ fn bench_op<A: Elem>(c: &mut Criterion, op: Op) {
         Op::Stats => "stats",
     };
     let mut group = c.benchmark_group(name);
-    group
-        .sample_size(10)
-        .sampling_mode(SamplingMode::Flat)
-        .warm_up_time(Duration::from_millis(100))
-        .measurement_time(Duration::from_millis(300));
+    group.sampling_mode(SamplingMode::Flat);
     let size = std::mem::size_of::<A>();
     for d in DS {
         let rows = INPUT_BYTES / size / d;
@@ -153,15 +149,18 @@ fn bench_op<A: Elem>(c: &mut Criterion, op: Op) {
             let mut work = storage.clone();
             let id =
                 |form: &str| BenchmarkId::new(form, format!("{}/{}/{d}", A::NAME, layout.name()));
-            let bytes = match op {
+            // The copy moves `x` once each way; so do the norms, while
+            // `stats` reads `x` and writes two values per row.
+            let copy_bytes = 2 * len * size;
+            let op_bytes = match op {
                 Op::Stats => (len + 2 * rows) * size,
-                _ => 2 * len * size,
+                _ => copy_bytes,
             };
-            group.throughput(Throughput::Bytes(bytes as u64));
-
+            group.throughput(Throughput::Bytes(copy_bytes as u64));
             group.bench_function(id("copy"), |b| {
                 b.iter(|| dst.copy_from_slice(black_box(&src)))
             });
+            group.throughput(Throughput::Bytes(op_bytes as u64));
             match op {
                 Op::LayerNorm => {
                     group.bench_function(id("naive"), |b| {
@@ -218,5 +217,20 @@ fn stats(c: &mut Criterion) {
     bench_op::<f64>(c, Op::Stats);
 }
 
-criterion_group!(benches, layer_norm, rms_norm, stats);
+/// Short measurements, few bootstrap resamples and no plots, so that the
+/// whole file runs in a few minutes.
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_millis(300))
+        .nresamples(2000)
+        .without_plots()
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = layer_norm, rms_norm, stats
+}
 criterion_main!(benches);

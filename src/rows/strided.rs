@@ -9,11 +9,13 @@
 //! - rows that are contiguous in logical order are handed to the kernel
 //!   where they lie;
 //! - otherwise the block is gathered into a small row-major buffer, reused
-//!   for every block of the task, by walking memory in order (column by
-//!   column when neighbouring rows are closer in memory than neighbouring
-//!   elements, as in Fortran order, row by row otherwise);
+//!   for every block of the task, by walking memory in order (in tiles of a
+//!   few neighbouring columns when neighbouring rows are closer in memory
+//!   than neighbouring elements, as in Fortran order; row by row otherwise);
+//!   short rows headed for a contiguous output are gathered straight into
+//!   it instead ([`DIRECT_ROW_BYTES`]);
 //! - an output whose rows are not contiguous is computed in the buffer and
-//!   scattered back the same way.
+//!   scattered back in memory order (column by column for Fortran order).
 //!
 //! The kernel always sees each row's values in logical order, so results
 //! are the same bits as on the contiguous path.
@@ -29,9 +31,12 @@ use crate::kernel::Io;
 use crate::scalar::NormScalar;
 
 /// Bytes of row data a gather block holds: as many rows as fit, within
-/// [`MIN_BLOCK_ROWS`] and [`MAX_BLOCK_ROWS`]. The buffer stays inside the L2
-/// cache for all but the longest rows.
-const BLOCK_BYTES: usize = 1 << 19;
+/// [`MIN_BLOCK_ROWS`] and [`MAX_BLOCK_ROWS`] (half the L2 cache of the
+/// development machine). On 64 MiB Fortran-order `f32` arrays done in
+/// place, 64-row blocks beat 32-row ones at d = 4096 (each visit to a column
+/// reads 256 bytes instead of 128), while blocks of 256 rows and more were
+/// slower at d = 768.
+const BLOCK_BYTES: usize = 1 << 21;
 
 /// The fewest rows in one block: each visit to a column reads at least this
 /// many neighbouring elements (two cache lines of `f32`, four of `f64`).
@@ -253,23 +258,18 @@ fn matrix_mut<A>(buf: &mut [A], d: usize) -> ArrayViewMut2<'_, A> {
     }
 }
 
-/// `dst = src` for a block of rows, one of which is the row-major buffer,
-/// walking the strided one in memory order.
+/// `dst = src` for a block of rows, where `dst` has contiguous rows (the
+/// buffer, or a contiguous output), reading `src` in memory order.
 ///
-/// When neighbouring rows of `strided` are closer than neighbouring
-/// elements (Fortran order), the block is copied in tiles of
-/// [`TILE_BYTES`] per row: `Zip` walks each tile row by row (the buffer's
-/// tile leans to C order and the strided one to Fortran order, so the tie
-/// goes to C order), which reads a few neighbouring columns in parallel
-/// streams and writes the buffer a cache line at a time. Otherwise one
-/// `assign` walks the block row by row.
-fn copy_block<A: NormScalar>(
-    dst: &mut ArrayViewMut2<'_, A>,
-    src: &ArrayView2<'_, A>,
-    strided: &[isize],
-) {
+/// When neighbouring rows of `src` are closer than neighbouring elements
+/// (Fortran order), the block is copied in tiles of [`TILE_BYTES`] per row:
+/// `Zip` walks each tile row by row (the buffer's tile leans to C order and
+/// the strided one to Fortran order, so the tie goes to C order), which reads
+/// a few neighbouring columns as parallel streams and writes the buffer a
+/// cache line at a time. Otherwise one `assign` walks the block row by row.
+fn copy_block<A: NormScalar>(dst: &mut ArrayViewMut2<'_, A>, src: &ArrayView2<'_, A>) {
     let d = src.ncols();
-    if by_columns(strided) {
+    if by_columns(src.strides()) {
         let tile = (TILE_BYTES / std::mem::size_of::<A>().max(1)).max(1);
         for start in (0..d).step_by(tile) {
             let columns = s![.., start..(start + tile).min(d)];
@@ -285,13 +285,24 @@ fn copy_block<A: NormScalar>(
 /// Copies the rows of `src` into `dst` (row-major, `src.len()` elements).
 fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
     let d = src.ncols();
-    copy_block(&mut matrix_mut(dst, d), src, src.strides());
+    copy_block(&mut matrix_mut(dst, d), src);
 }
 
-/// Copies `src` (row-major, `dst.len()` elements) into the rows of `dst`.
+/// Copies `src` (row-major, `dst.len()` elements) into the rows of `dst`,
+/// writing `dst` in memory order: column by column when neighbouring rows
+/// are closer than neighbouring elements, so that each column's piece is
+/// written as whole cache lines (on Fortran-order arrays done in place this
+/// beat the tiled walk of [`copy_block`] at every d measured, 4 to 4096),
+/// row by row otherwise.
 fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
-    let strides = [dst.strides()[0], dst.strides()[1]];
-    copy_block(dst, &matrix(src, dst.ncols()), &strides);
+    let src = matrix(src, dst.ncols());
+    if by_columns(dst.strides()) {
+        Zip::from(dst.columns_mut())
+            .and(src.columns())
+            .for_each(|mut dst, src| dst.assign(&src));
+    } else {
+        dst.assign(&src);
+    }
 }
 
 /// Both operands of a job as two-dimensional views (`walk` only hands over
@@ -394,7 +405,7 @@ where
                 (true, false) if d * std::mem::size_of::<A>() <= DIRECT_ROW_BYTES => {
                     // Short rows: gather straight into the output rows and
                     // normalise them there.
-                    copy_block(&mut out, &x, x.strides());
+                    copy_block(&mut out, &x);
                     for mut output in out.rows_mut() {
                         match output.as_slice_mut() {
                             Some(output) => kernel(Io::InPlace(output)),
