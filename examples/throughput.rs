@@ -27,13 +27,19 @@
 //! Sections: `out` (out of cache: `x` of 256 MiB, d = 64 to 16384), `cache`
 //! (`x` of about 256 KiB, the operation repeated), `tiny` (d = 1 to 16, many
 //! rows, all cores) and `strided` (Fortran-order and `s![.., ..;2]` inputs of
-//! 256 MiB; compare with the contiguous rows of `out`). The out-of-cache
-//! baselines are measured once per thread count on the full 256 MiB and
-//! scaled to each case's bytes. `threads` is 1 or all cores
-//! (`rayon::ThreadPool::install`).
+//! 256 MiB; compare with the contiguous rows of `out`). `threads` is 1 or
+//! all cores (`rayon::ThreadPool::install`).
+//!
+//! Out of cache, the copy is timed again next to every case and the best
+//! copy seen so far in the section is the baseline (the machine may be
+//! shared, and other work only ever slows a copy down); "allocate + copy"
+//! costs a page fault per page, so it is timed once per thread count on
+//! the full 256 MiB at the start of the section and scaled to each case's
+//! bytes.
 
 use std::error::Error;
 use std::fmt::Display;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ndarray::{s, Array1, Array2, ArrayView2, ArrayViewMut2, Axis, ScalarOperand, ShapeBuilder};
@@ -251,9 +257,36 @@ struct Case<'p> {
     /// Which forms to run.
     forms: &'p [Form],
     naive: bool,
-    /// Baselines measured once for the section: per pool, seconds per
-    /// element of the copy and of "allocate + copy".
-    baselines: Option<&'p [(f64, f64)]>,
+    /// Baselines shared by a section: per pool, the best seconds per element
+    /// of the copy and of "allocate + copy" seen so far.
+    baselines: Option<&'p [Baseline]>,
+}
+
+/// The best seconds per element of the copy and of "allocate + copy" seen so
+/// far (as `f64` bits, so that a `Case` can be shared with the pools).
+struct Baseline {
+    copy: AtomicU64,
+    alloc: AtomicU64,
+}
+
+impl Baseline {
+    fn new(copy: f64, alloc: f64) -> Self {
+        Baseline {
+            copy: AtomicU64::new(copy.to_bits()),
+            alloc: AtomicU64::new(alloc.to_bits()),
+        }
+    }
+
+    /// The best copy time so far, with `fresh` taken into account.
+    fn copy(&self, fresh: f64) -> f64 {
+        let best = f64::from_bits(self.copy.load(Ordering::Relaxed)).min(fresh);
+        self.copy.store(best.to_bits(), Ordering::Relaxed);
+        best
+    }
+
+    fn alloc(&self) -> f64 {
+        f64::from_bits(self.alloc.load(Ordering::Relaxed))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -351,7 +384,10 @@ impl Case<'_> {
 
         for (p, (threads, pool)) in self.pools.iter().enumerate() {
             let (copy_s, alloc_s) = match self.baselines.and_then(|b| b.get(p)) {
-                Some(&(copy, alloc)) => (copy * len as f64, alloc * len as f64),
+                Some(best) => {
+                    let fresh = pool.install(|| copy_time(dst, src, 2, 1)) / len as f64;
+                    (best.copy(fresh) * len as f64, best.alloc() * len as f64)
+                }
                 None => pool.install(|| {
                     (
                         copy_time(dst, src, self.reps, self.batch),
@@ -508,7 +544,7 @@ fn sections<A: Elem>(
                     alloc_copy_time(&input, 3, 1),
                 )
             });
-            big_baselines.push((copy / big as f64, alloc / big as f64));
+            big_baselines.push(Baseline::new(copy / big as f64, alloc / big as f64));
         }
     }
     let big_baselines = Some(&big_baselines[..]);
