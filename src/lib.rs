@@ -54,6 +54,15 @@
 //!   order, steps, negative strides, broadcast views and `IxDyn` all give the
 //!   same bits.
 //!
+//! # Threads
+//!
+//! With the default `rayon` feature, calls over large arrays (128 Ki
+//! elements or more) split their rows over rayon's global pool; set
+//! `RAYON_NUM_THREADS`, or call inside `rayon::ThreadPool::install`, to
+//! choose the threads. A row is never split, so the result bits do not
+//! depend on the number of threads. Without the feature every call runs on
+//! the calling thread.
+//!
 //! # Errors
 //!
 //! Bad input never panics: every method returns a [`NormError`] for a

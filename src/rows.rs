@@ -4,11 +4,74 @@
 //! Every layout reaches the same kernel with the same values in the same
 //! order, so results are bit-identical across C order, Fortran order, steps,
 //! negative strides, broadcasting and `IxDyn`.
+//!
+//! Arrays whose rows all lie back to back in logical order (input and output
+//! alike) take the contiguous path below: the whole array is one slice cut
+//! into rows. Everything else goes through [`strided`], which gathers blocks
+//! of rows into a small reused buffer by walking memory in order.
+//!
+//! With the `rayon` feature, a call over at least `PARALLEL_MIN_ELEMS`
+//! elements splits its rows (never a row) into tasks on the current rayon
+//! pool. Each row is still computed by one kernel call, so the output bits do
+//! not depend on the number of threads.
 
-use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis, Zip};
+mod strided;
+
+use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis};
+
+#[cfg(feature = "rayon")]
+use rayon::prelude::*;
 
 use crate::kernel::{Io, Isa};
 use crate::scalar::NormScalar;
+
+/// Calls over fewer elements than this stay on the calling thread.
+///
+/// Chosen by measurement on the 2-core development machine, with this
+/// constant set to 0 so that the parallel path always ran: `layer_norm_into`
+/// on contiguous `f32` rows of d = 64 and d = 768, timed at 1 and 2 threads
+/// (`ThreadPool::install`), best of 200 back-to-back calls ("warm": workers
+/// still spinning) and best of 30 calls 20 ms apart ("asleep": workers
+/// parked, so each call pays for waking them). Speed-up of two threads over
+/// one, lowest - highest of d = 64 and 768 over two runs (the machine's
+/// other core was shared with other work, hence the spread):
+///
+/// | elements | warm        | asleep      |
+/// |----------|-------------|-------------|
+/// | 16 Ki    | 1.00 - 1.02 | 1.00 - 1.03 |
+/// | 32 Ki    | 0.99 - 1.96 | 0.69 - 1.40 |
+/// | 64 Ki    | 1.15 - 1.91 | 0.92 - 1.22 |
+/// | 128 Ki   | 1.59 - 1.95 | 0.97 - 1.29 |
+/// | 256 Ki   | 1.72 - 2.06 | 1.35 - 1.69 |
+///
+/// Waking parked workers costs some 50 - 100 us here, what one thread needs
+/// for about 32 - 64 Ki elements. From 128 Ki elements on, two threads win
+/// when the workers are awake and do not lose when they must be woken;
+/// below that a call stays on the calling thread and never pays for the
+/// wake-up. Faster row kernels move the break-even point up: re-check it
+/// with the in-cache rows of `examples/throughput.rs` (1 thread against all
+/// cores) after changing them.
+#[cfg(feature = "rayon")]
+pub(crate) const PARALLEL_MIN_ELEMS: usize = 1 << 17;
+
+/// Elements per parallel task (rounded to whole rows, at least one row):
+/// large enough that the per-task cost of rayon is lost in the noise, small
+/// enough that two threads split any parallel call into many tasks and
+/// balance the load.
+#[cfg(feature = "rayon")]
+const TASK_ELEMS: usize = 1 << 14;
+
+/// Whether a call over `elems` elements runs on the rayon pool.
+#[cfg(feature = "rayon")]
+fn parallel(elems: usize) -> bool {
+    elems >= PARALLEL_MIN_ELEMS && rayon::current_num_threads() > 1
+}
+
+/// Rows per task of the contiguous path.
+#[cfg(feature = "rayon")]
+fn rows_per_task(d: usize) -> usize {
+    (TASK_ELEMS / d).max(1)
+}
 
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
 /// shape, rows of length `d`).
@@ -16,85 +79,94 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     out: &mut ArrayRef<A, D>,
     d: usize,
-    kernel: impl Fn(Isa, Io<'_, A>, usize),
+    kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
 ) {
     let isa = Isa::detect();
+    let row = |io: Io<'_, A>| kernel(isa, io, 1);
     if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
-        kernel(isa, Io::Copy { input, output }, input.len() / d);
+        // A block of consecutive rows goes to the kernel in one call.
+        let rows = |input: &[A], output: &mut [A]| {
+            kernel(isa, Io::Copy { input, output }, input.len() / d);
+        };
+        #[cfg(feature = "rayon")]
+        if parallel(input.len()) {
+            let group = rows_per_task(d) * d;
+            input
+                .par_chunks(group)
+                .zip(output.par_chunks_mut(group))
+                .for_each(|(input, output)| rows(input, output));
+            return;
+        }
+        rows(input, output);
         return;
     }
-    let mut scratch = Vec::new();
-    Zip::from(x.rows())
-        .and(out.rows_mut())
-        .for_each(|input, mut output| match output.as_slice_mut() {
-            Some(output) => match input.as_slice() {
-                Some(input) => kernel(isa, Io::Copy { input, output }, 1),
-                None => {
-                    // Gather into the output row and normalise it there.
-                    for (o, &v) in output.iter_mut().zip(&input) {
-                        *o = v;
-                    }
-                    kernel(isa, Io::InPlace(output), 1);
-                }
-            },
-            None => {
-                scratch.clear();
-                scratch.extend(input.iter().copied());
-                kernel(isa, Io::InPlace(&mut scratch), 1);
-                output.assign(&ndarray::aview1(&scratch));
-            }
-        });
+    strided::map(x.view().into_dyn(), out.view_mut().into_dyn(), &row);
 }
 
 /// Runs `kernel` on every row of `x`, overwriting it.
 pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
     x: &mut ArrayRef<A, D>,
     d: usize,
-    kernel: impl Fn(Isa, Io<'_, A>, usize),
+    kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
 ) {
     let isa = Isa::detect();
+    let row = |io: Io<'_, A>| kernel(isa, io, 1);
     if let Some(all) = x.as_slice_mut() {
-        let rows = all.len() / d;
-        kernel(isa, Io::InPlace(all), rows);
+        // A block of consecutive rows goes to the kernel in one call.
+        let rows = |all: &mut [A]| {
+            let count = all.len() / d;
+            kernel(isa, Io::InPlace(all), count);
+        };
+        #[cfg(feature = "rayon")]
+        if parallel(all.len()) {
+            all.par_chunks_mut(rows_per_task(d) * d).for_each(rows);
+            return;
+        }
+        rows(all);
         return;
     }
-    let mut scratch = Vec::new();
-    for mut row in x.rows_mut() {
-        match row.as_slice_mut() {
-            Some(row) => kernel(isa, Io::InPlace(row), 1),
-            None => {
-                scratch.clear();
-                scratch.extend(row.iter().copied());
-                kernel(isa, Io::InPlace(&mut scratch), 1);
-                row.assign(&ndarray::aview1(&scratch));
-            }
-        }
-    }
+    strided::map_in_place(x.view_mut().into_dyn(), &row);
 }
 
 /// Applies `reduce` to every row of `x`, collecting the two results in
 /// arrays of the leading shape.
 pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
     x: &ArrayRef<A, D>,
-    reduce: impl Fn(Isa, &[A]) -> (A, A),
+    reduce: impl Fn(Isa, &[A]) -> (A, A) + Sync,
 ) -> (Array<A, D::Smaller>, Array<A, D::Smaller>) {
     let isa = Isa::detect();
-    let leading = x.raw_dim().remove_axis(Axis(x.ndim() - 1));
+    let reduce = |row: &[A]| reduce(isa, row);
+    let last = Axis(x.ndim() - 1);
+    let d = x.len_of(last);
+    let leading = x.raw_dim().remove_axis(last);
     let mut first = Array::zeros(leading.clone());
     let mut second = Array::zeros(leading);
-    let mut scratch = Vec::new();
-    Zip::from(x.rows())
-        .and(&mut first)
-        .and(&mut second)
-        .for_each(|row, a, b| {
-            (*a, *b) = match row.as_slice() {
-                Some(row) => reduce(isa, row),
-                None => {
-                    scratch.clear();
-                    scratch.extend(row.iter().copied());
-                    reduce(isa, &scratch)
-                }
-            };
-        });
+    if let (Some(input), Some(a), Some(b)) =
+        (x.as_slice(), first.as_slice_mut(), second.as_slice_mut())
+    {
+        let rows = |input: &[A], a: &mut [A], b: &mut [A]| {
+            for ((row, a), b) in input.chunks_exact(d).zip(a).zip(b) {
+                (*a, *b) = reduce(row);
+            }
+        };
+        #[cfg(feature = "rayon")]
+        if parallel(input.len()) {
+            let group = rows_per_task(d);
+            input
+                .par_chunks(group * d)
+                .zip(a.par_chunks_mut(group))
+                .zip(b.par_chunks_mut(group))
+                .for_each(|((input, a), b)| rows(input, a, b));
+            return (first, second);
+        }
+        rows(input, a, b);
+        return (first, second);
+    }
+    strided::reduce(
+        x.view().into_dyn(),
+        first.view_mut().into_dyn(),
+        second.view_mut().into_dyn(),
+        &reduce,
+    );
     (first, second)
 }

@@ -1,0 +1,641 @@
+//! The row walk for arrays whose rows are not all back to back: Fortran
+//! order, steps, negative strides, broadcasting, permuted axes.
+//!
+//! The leading axes are first ordered by decreasing stride, so that the last
+//! leading axis (the *block axis*) is the one whose neighbouring rows are
+//! closest in memory. The array is then cut into 2-D panels (block axis ×
+//! row), and each panel is processed in blocks of a few dozen rows:
+//!
+//! - rows that are contiguous in logical order are handed to the kernel
+//!   where they lie;
+//! - otherwise the block is gathered into a small row-major buffer, reused
+//!   for every block of the task, by walking memory in order (in tiles of a
+//!   few neighbouring columns when neighbouring rows are closer in memory
+//!   than neighbouring elements, as in Fortran order; row by row otherwise);
+//!   short rows headed for a contiguous output are gathered straight into
+//!   it instead ([`DIRECT_ROW_BYTES`]);
+//! - an output whose rows are not contiguous is computed in the buffer and
+//!   scattered back in memory order (column by column for Fortran order).
+//!
+//! The kernel always sees each row's values in logical order, so results
+//! are the same bits as on the contiguous path.
+
+use std::cmp::Reverse;
+
+use ndarray::{s, ArrayView, ArrayView2, ArrayViewMut, ArrayViewMut2, Axis, Ix1, Ix2, IxDyn, Zip};
+
+#[cfg(feature = "rayon")]
+use rayon::prelude::*;
+
+use crate::kernel::Io;
+use crate::scalar::NormScalar;
+
+/// Bytes of row data a gather block holds: as many rows as fit, within
+/// [`MIN_BLOCK_ROWS`] and [`MAX_BLOCK_ROWS`] (half the L2 cache of the
+/// development machine). On 64 MiB Fortran-order `f32` arrays done in
+/// place, 64-row blocks beat 32-row ones at d = 4096 (each visit to a column
+/// reads 256 bytes instead of 128), while blocks of 256 rows and more were
+/// slower at d = 768.
+const BLOCK_BYTES: usize = 1 << 21;
+
+/// The fewest rows in one block: each visit to a column reads at least this
+/// many neighbouring elements (two cache lines of `f32`, four of `f64`).
+const MIN_BLOCK_ROWS: usize = 32;
+
+/// The most rows in one block.
+const MAX_BLOCK_ROWS: usize = 64;
+
+/// Bytes of each row a tile of the column-wise walk covers: two cache lines.
+const TILE_BYTES: usize = 128;
+
+/// Rows of at most this many bytes are gathered straight into a contiguous
+/// output and normalised there; longer ones go through the buffer. Measured
+/// on 64 MiB Fortran-order `f32` inputs at one thread: straight into the
+/// output was a third faster at d = 64, no different at d = 4 and 768, and
+/// slower at d = 4096.
+const DIRECT_ROW_BYTES: usize = 1 << 10;
+
+/// Rows per block for rows of `d` elements of `A`.
+fn block_rows<A>(d: usize) -> usize {
+    let row_bytes = (d * std::mem::size_of::<A>()).max(1);
+    (BLOCK_BYTES / row_bytes).clamp(MIN_BLOCK_ROWS, MAX_BLOCK_ROWS)
+}
+
+/// `out[r] = kernel(x[r])` for every row `r` (same shapes).
+pub(super) fn map<A: NormScalar>(
+    x: ArrayView<'_, A, IxDyn>,
+    out: ArrayViewMut<'_, A, IxDyn>,
+    kernel: &(impl Fn(Io<'_, A>) + Sync),
+) {
+    let (x, out) = if x.ndim() == 1 {
+        (x.insert_axis(Axis(0)), out.insert_axis(Axis(0)))
+    } else {
+        (x, out)
+    };
+    drive(Map { x, out, kernel });
+}
+
+/// `x[r] = kernel(x[r])` for every row `r`.
+pub(super) fn map_in_place<A: NormScalar>(
+    x: ArrayViewMut<'_, A, IxDyn>,
+    kernel: &(impl Fn(Io<'_, A>) + Sync),
+) {
+    let x = if x.ndim() == 1 {
+        x.insert_axis(Axis(0))
+    } else {
+        x
+    };
+    drive(InPlace { x, kernel });
+}
+
+/// `(first[r], second[r]) = reduce(x[r])` for every row `r`; `first` and
+/// `second` have the leading shape of `x`.
+pub(super) fn reduce<A: NormScalar>(
+    x: ArrayView<'_, A, IxDyn>,
+    first: ArrayViewMut<'_, A, IxDyn>,
+    second: ArrayViewMut<'_, A, IxDyn>,
+    reduce: &(impl Fn(&[A]) -> (A, A) + Sync),
+) {
+    let (x, first, second) = if x.ndim() == 1 {
+        (
+            x.insert_axis(Axis(0)),
+            first.insert_axis(Axis(0)),
+            second.insert_axis(Axis(0)),
+        )
+    } else {
+        (x, first, second)
+    };
+    drive(Reduce {
+        x,
+        first,
+        second,
+        reduce,
+    });
+}
+
+/// A row operation over operands that share the input's leading axes.
+trait Job: Sized + Send {
+    type Elem: NormScalar;
+
+    /// The input's shape, at least two axes; the last one holds the rows.
+    fn shape(&self) -> &[usize];
+
+    /// The strides that decide the walk order: those of the operand that is
+    /// gathered or scattered (the input if its rows are not contiguous, else
+    /// the output).
+    fn walk_strides(&self) -> &[isize];
+
+    /// Reorders the axes of every operand; `perm` keeps the last axis last.
+    fn permuted(self, perm: &[usize]) -> Self;
+
+    /// Splits every operand before `index` along the leading axis `axis`.
+    #[cfg_attr(not(feature = "rayon"), allow(dead_code))]
+    fn split_at(self, axis: usize, index: usize) -> (Self, Self);
+
+    /// Calls `f` for each index of the first axis (of at least three).
+    fn for_each_outer(self, f: impl FnMut(Self));
+
+    /// Processes a two-dimensional operation in blocks of `block` rows.
+    fn panel(self, block: usize, scratch: &mut Vec<Self::Elem>);
+}
+
+/// Whether every row of an `n × d` view with these strides is contiguous in
+/// logical order.
+fn rows_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    match (shape.last(), strides.last()) {
+        (Some(&d), Some(&stride)) => d <= 1 || stride == 1,
+        _ => true,
+    }
+}
+
+/// Runs `job`: on the calling thread, or split into tasks on the rayon pool
+/// when it is large enough.
+fn drive<J: Job>(job: J) {
+    let shape = job.shape();
+    if shape.contains(&0) {
+        return;
+    }
+    let d = shape.last().copied().unwrap_or(1);
+    let block = block_rows::<J::Elem>(d);
+    let perm = walk_order(shape, job.walk_strides());
+    let job = job.permuted(&perm);
+    #[cfg(feature = "rayon")]
+    if super::parallel(job.shape().iter().product()) {
+        let mut tasks = Vec::new();
+        split(job, block, &mut tasks);
+        tasks
+            .into_par_iter()
+            .for_each_init(Vec::new, |scratch, job| walk(job, block, scratch));
+        return;
+    }
+    walk(job, block, &mut Vec::new());
+}
+
+/// The axis order to walk in: leading axes of length 1 first, then the
+/// others by decreasing stride, so that the last leading axis has the
+/// neighbouring rows closest in memory; the row axis stays last.
+fn walk_order(shape: &[usize], strides: &[isize]) -> Vec<usize> {
+    let n = shape.len();
+    let mut perm: Vec<usize> = (0..n.saturating_sub(1)).collect();
+    perm.sort_by_key(|&k| (shape[k] > 1, Reverse(strides[k].unsigned_abs())));
+    perm.push(n - 1);
+    perm
+}
+
+/// Cuts `job` into tasks of about [`super::TASK_ELEMS`] elements, along the
+/// outermost leading axes first and in whole blocks along the block axis.
+#[cfg(feature = "rayon")]
+fn split<J: Job>(job: J, block: usize, tasks: &mut Vec<J>) {
+    let shape = job.shape();
+    let n = shape.len();
+    let elems: usize = shape.iter().product();
+    let axis = (0..n - 1).find(|&k| shape[k] > 1);
+    let cut = match axis {
+        Some(k) if elems > super::TASK_ELEMS => {
+            let len = shape[k];
+            if k + 2 < n {
+                Some((k, len / 2))
+            } else if len > block {
+                // Keep whole blocks: the first part gets a multiple of `block`.
+                Some((k, (len / 2).div_ceil(block) * block))
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
+    match cut {
+        Some((axis, index)) => {
+            let (a, b) = job.split_at(axis, index);
+            split(a, block, tasks);
+            split(b, block, tasks);
+        }
+        None => tasks.push(job),
+    }
+}
+
+/// Processes `job` on the calling thread, panel by panel.
+fn walk<J: Job>(job: J, block: usize, scratch: &mut Vec<J::Elem>) {
+    if job.shape().len() > 2 {
+        job.for_each_outer(|job| walk(job, block, scratch));
+    } else {
+        job.panel(block, scratch);
+    }
+}
+
+/// The first `len` elements of `scratch`, grown (once) if needed.
+fn buffer<A: NormScalar>(scratch: &mut Vec<A>, len: usize) -> &mut [A] {
+    if scratch.len() < len {
+        scratch.resize(len, A::zero());
+    }
+    &mut scratch[..len]
+}
+
+/// Whether to walk a `rows × d` block column-wise: when neighbouring rows
+/// are closer in memory than neighbouring elements of a row.
+fn by_columns(strides: &[isize]) -> bool {
+    match strides {
+        [row, col] => row.unsigned_abs() < col.unsigned_abs(),
+        _ => false,
+    }
+}
+
+/// `buf` as a row-major `rows × d` array (`rows = buf.len() / d`).
+fn matrix<A>(buf: &[A], d: usize) -> ArrayView2<'_, A> {
+    let rows = buf.len() / d.max(1);
+    match ArrayView2::from_shape((rows, d), &buf[..rows * d]) {
+        Ok(view) => view,
+        Err(_) => unreachable!("rows * d elements always form a rows × d array"),
+    }
+}
+
+/// `buf` as a mutable row-major `rows × d` array (`rows = buf.len() / d`).
+fn matrix_mut<A>(buf: &mut [A], d: usize) -> ArrayViewMut2<'_, A> {
+    let rows = buf.len() / d.max(1);
+    match ArrayViewMut2::from_shape((rows, d), &mut buf[..rows * d]) {
+        Ok(view) => view,
+        Err(_) => unreachable!("rows * d elements always form a rows × d array"),
+    }
+}
+
+/// `dst = src` for a block of rows, where `dst` has contiguous rows (the
+/// buffer, or a contiguous output), reading `src` in memory order.
+///
+/// When neighbouring rows of `src` are closer than neighbouring elements
+/// (Fortran order), the block is copied in tiles of [`TILE_BYTES`] per row:
+/// `Zip` walks each tile row by row (the buffer's tile leans to C order and
+/// the strided one to Fortran order, so the tie goes to C order), which reads
+/// a few neighbouring columns as parallel streams and writes the buffer a
+/// cache line at a time. Otherwise one `assign` walks the block row by row.
+fn copy_block<A: NormScalar>(dst: &mut ArrayViewMut2<'_, A>, src: &ArrayView2<'_, A>) {
+    let d = src.ncols();
+    if by_columns(src.strides()) {
+        let tile = (TILE_BYTES / std::mem::size_of::<A>().max(1)).max(1);
+        for start in (0..d).step_by(tile) {
+            let columns = s![.., start..(start + tile).min(d)];
+            Zip::from(dst.slice_mut(columns))
+                .and(src.slice(columns))
+                .for_each(|o, &v| *o = v);
+        }
+    } else {
+        dst.assign(src);
+    }
+}
+
+/// Copies the rows of `src` into `dst` (row-major, `src.len()` elements).
+fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
+    let d = src.ncols();
+    copy_block(&mut matrix_mut(dst, d), src);
+}
+
+/// Copies `src` (row-major, `dst.len()` elements) into the rows of `dst`,
+/// writing `dst` in memory order: column by column when neighbouring rows
+/// are closer than neighbouring elements, so that each column's piece is
+/// written as whole cache lines (on Fortran-order arrays done in place this
+/// beat the tiled walk of [`copy_block`] at every d measured, 4 to 4096),
+/// row by row otherwise.
+fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
+    let src = matrix(src, dst.ncols());
+    if by_columns(dst.strides()) {
+        Zip::from(dst.columns_mut())
+            .and(src.columns())
+            .for_each(|mut dst, src| dst.assign(&src));
+    } else {
+        dst.assign(&src);
+    }
+}
+
+/// Both operands of a job as two-dimensional views (`walk` only hands over
+/// two-dimensional panels).
+fn two_d<V, W>(a: Result<V, ndarray::ShapeError>, b: Result<W, ndarray::ShapeError>) -> (V, W) {
+    match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        _ => unreachable!("the row walk hands over two-dimensional panels only"),
+    }
+}
+
+/// `out[r] = kernel(x[r])`.
+struct Map<'a, 'k, A, K> {
+    x: ArrayView<'a, A, IxDyn>,
+    out: ArrayViewMut<'a, A, IxDyn>,
+    kernel: &'k K,
+}
+
+impl<A, K> Job for Map<'_, '_, A, K>
+where
+    A: NormScalar,
+    K: Fn(Io<'_, A>) + Sync,
+{
+    type Elem = A;
+
+    fn shape(&self) -> &[usize] {
+        self.x.shape()
+    }
+
+    fn walk_strides(&self) -> &[isize] {
+        if rows_contiguous(self.x.shape(), self.x.strides()) {
+            self.out.strides()
+        } else {
+            self.x.strides()
+        }
+    }
+
+    fn permuted(self, perm: &[usize]) -> Self {
+        Map {
+            x: self.x.permuted_axes(perm),
+            out: self.out.permuted_axes(perm),
+            kernel: self.kernel,
+        }
+    }
+
+    fn split_at(self, axis: usize, index: usize) -> (Self, Self) {
+        let (x1, x2) = self.x.split_at(Axis(axis), index);
+        let (o1, o2) = self.out.split_at(Axis(axis), index);
+        let kernel = self.kernel;
+        (
+            Map {
+                x: x1,
+                out: o1,
+                kernel,
+            },
+            Map {
+                x: x2,
+                out: o2,
+                kernel,
+            },
+        )
+    }
+
+    fn for_each_outer(self, mut f: impl FnMut(Self)) {
+        let kernel = self.kernel;
+        for (x, out) in self.x.into_outer_iter().zip(self.out.into_outer_iter_mut()) {
+            f(Map { x, out, kernel });
+        }
+    }
+
+    fn panel(self, block: usize, scratch: &mut Vec<A>) {
+        let (x, mut out) = two_d(
+            self.x.into_dimensionality::<Ix2>(),
+            self.out.into_dimensionality::<Ix2>(),
+        );
+        let kernel = self.kernel;
+        let d = x.ncols();
+        let gather_in = !rows_contiguous(x.shape(), x.strides());
+        let scatter_out = !rows_contiguous(out.shape(), out.strides());
+        for (x, mut out) in x
+            .axis_chunks_iter(Axis(0), block)
+            .zip(out.axis_chunks_iter_mut(Axis(0), block))
+        {
+            let buf = buffer(scratch, x.len());
+            match (gather_in, scatter_out) {
+                (false, false) => {
+                    for (input, mut output) in x.rows().into_iter().zip(out.rows_mut()) {
+                        match (input.to_slice(), output.as_slice_mut()) {
+                            (Some(input), Some(output)) => kernel(Io::Copy { input, output }),
+                            _ => {
+                                // Not reached: both rows were found contiguous.
+                                let row = &mut buf[..d];
+                                gather(&input.insert_axis(Axis(0)), row);
+                                kernel(Io::InPlace(row));
+                                scatter(row, &mut output.insert_axis(Axis(0)));
+                            }
+                        }
+                    }
+                }
+                (true, false) if d * std::mem::size_of::<A>() <= DIRECT_ROW_BYTES => {
+                    // Short rows: gather straight into the output rows and
+                    // normalise them there.
+                    copy_block(&mut out, &x);
+                    for mut output in out.rows_mut() {
+                        match output.as_slice_mut() {
+                            Some(output) => kernel(Io::InPlace(output)),
+                            None => {
+                                // Not reached: the output rows were found contiguous.
+                                let row = &mut buf[..d];
+                                gather(&output.view().insert_axis(Axis(0)), row);
+                                kernel(Io::InPlace(row));
+                                scatter(row, &mut output.insert_axis(Axis(0)));
+                            }
+                        }
+                    }
+                }
+                (true, false) => {
+                    gather(&x, buf);
+                    for (input, mut output) in buf.chunks_exact(d).zip(out.rows_mut()) {
+                        match output.as_slice_mut() {
+                            Some(output) => kernel(Io::Copy { input, output }),
+                            None => {
+                                // Not reached: the output rows were found contiguous.
+                                let mut row = input.to_vec();
+                                kernel(Io::InPlace(&mut row));
+                                scatter(&row, &mut output.insert_axis(Axis(0)));
+                            }
+                        }
+                    }
+                }
+                (false, true) => {
+                    for (input, output) in x.rows().into_iter().zip(buf.chunks_exact_mut(d)) {
+                        match input.to_slice() {
+                            Some(input) => kernel(Io::Copy { input, output }),
+                            None => {
+                                // Not reached: the input rows were found contiguous.
+                                gather(&input.insert_axis(Axis(0)), output);
+                                kernel(Io::InPlace(output));
+                            }
+                        }
+                    }
+                    scatter(buf, &mut out);
+                }
+                (true, true) => {
+                    gather(&x, buf);
+                    for row in buf.chunks_exact_mut(d) {
+                        kernel(Io::InPlace(row));
+                    }
+                    scatter(buf, &mut out);
+                }
+            }
+        }
+    }
+}
+
+/// `x[r] = kernel(x[r])`.
+struct InPlace<'a, 'k, A, K> {
+    x: ArrayViewMut<'a, A, IxDyn>,
+    kernel: &'k K,
+}
+
+impl<A, K> Job for InPlace<'_, '_, A, K>
+where
+    A: NormScalar,
+    K: Fn(Io<'_, A>) + Sync,
+{
+    type Elem = A;
+
+    fn shape(&self) -> &[usize] {
+        self.x.shape()
+    }
+
+    fn walk_strides(&self) -> &[isize] {
+        self.x.strides()
+    }
+
+    fn permuted(self, perm: &[usize]) -> Self {
+        InPlace {
+            x: self.x.permuted_axes(perm),
+            kernel: self.kernel,
+        }
+    }
+
+    fn split_at(self, axis: usize, index: usize) -> (Self, Self) {
+        let (x1, x2) = self.x.split_at(Axis(axis), index);
+        let kernel = self.kernel;
+        (InPlace { x: x1, kernel }, InPlace { x: x2, kernel })
+    }
+
+    fn for_each_outer(self, mut f: impl FnMut(Self)) {
+        let kernel = self.kernel;
+        for x in self.x.into_outer_iter_mut() {
+            f(InPlace { x, kernel });
+        }
+    }
+
+    fn panel(self, block: usize, scratch: &mut Vec<A>) {
+        let (mut x, ()) = two_d(self.x.into_dimensionality::<Ix2>(), Ok(()));
+        let kernel = self.kernel;
+        let d = x.ncols();
+        let gathered = !rows_contiguous(x.shape(), x.strides());
+        for mut x in x.axis_chunks_iter_mut(Axis(0), block) {
+            let buf = buffer(scratch, x.len());
+            if gathered {
+                gather(&x.view(), buf);
+                for row in buf.chunks_exact_mut(d) {
+                    kernel(Io::InPlace(row));
+                }
+                scatter(buf, &mut x);
+            } else {
+                for mut row in x.rows_mut() {
+                    match row.as_slice_mut() {
+                        Some(row) => kernel(Io::InPlace(row)),
+                        None => {
+                            // Not reached: the rows were found contiguous.
+                            let tmp = &mut buf[..d];
+                            let mut row = row.insert_axis(Axis(0));
+                            gather(&row.view(), tmp);
+                            kernel(Io::InPlace(tmp));
+                            scatter(tmp, &mut row);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `(first[r], second[r]) = reduce(x[r])`.
+struct Reduce<'a, 'k, A, K> {
+    x: ArrayView<'a, A, IxDyn>,
+    first: ArrayViewMut<'a, A, IxDyn>,
+    second: ArrayViewMut<'a, A, IxDyn>,
+    reduce: &'k K,
+}
+
+impl<A, K> Job for Reduce<'_, '_, A, K>
+where
+    A: NormScalar,
+    K: Fn(&[A]) -> (A, A) + Sync,
+{
+    type Elem = A;
+
+    fn shape(&self) -> &[usize] {
+        self.x.shape()
+    }
+
+    fn walk_strides(&self) -> &[isize] {
+        self.x.strides()
+    }
+
+    fn permuted(self, perm: &[usize]) -> Self {
+        let leading = &perm[..perm.len() - 1];
+        Reduce {
+            x: self.x.permuted_axes(perm),
+            first: self.first.permuted_axes(leading),
+            second: self.second.permuted_axes(leading),
+            reduce: self.reduce,
+        }
+    }
+
+    fn split_at(self, axis: usize, index: usize) -> (Self, Self) {
+        let (x1, x2) = self.x.split_at(Axis(axis), index);
+        let (a1, a2) = self.first.split_at(Axis(axis), index);
+        let (b1, b2) = self.second.split_at(Axis(axis), index);
+        let reduce = self.reduce;
+        (
+            Reduce {
+                x: x1,
+                first: a1,
+                second: b1,
+                reduce,
+            },
+            Reduce {
+                x: x2,
+                first: a2,
+                second: b2,
+                reduce,
+            },
+        )
+    }
+
+    fn for_each_outer(self, mut f: impl FnMut(Self)) {
+        let reduce = self.reduce;
+        let outer = self
+            .x
+            .into_outer_iter()
+            .zip(self.first.into_outer_iter_mut())
+            .zip(self.second.into_outer_iter_mut());
+        for ((x, first), second) in outer {
+            f(Reduce {
+                x,
+                first,
+                second,
+                reduce,
+            });
+        }
+    }
+
+    fn panel(self, block: usize, scratch: &mut Vec<A>) {
+        let (x, mut first) = two_d(
+            self.x.into_dimensionality::<Ix2>(),
+            self.first.into_dimensionality::<Ix1>(),
+        );
+        let (mut second, ()) = two_d(self.second.into_dimensionality::<Ix1>(), Ok(()));
+        let reduce = self.reduce;
+        let d = x.ncols();
+        let gathered = !rows_contiguous(x.shape(), x.strides());
+        let blocks = x
+            .axis_chunks_iter(Axis(0), block)
+            .zip(first.axis_chunks_iter_mut(Axis(0), block))
+            .zip(second.axis_chunks_iter_mut(Axis(0), block));
+        for ((x, mut first), mut second) in blocks {
+            let buf = buffer(scratch, x.len());
+            let results = first.iter_mut().zip(second.iter_mut());
+            if gathered {
+                gather(&x, buf);
+                for (row, (a, b)) in buf.chunks_exact(d).zip(results) {
+                    (*a, *b) = reduce(row);
+                }
+            } else {
+                for (row, (a, b)) in x.rows().into_iter().zip(results) {
+                    (*a, *b) = match row.to_slice() {
+                        Some(row) => reduce(row),
+                        None => {
+                            // Not reached: the rows were found contiguous.
+                            let tmp = &mut buf[..d];
+                            gather(&row.insert_axis(Axis(0)), tmp);
+                            reduce(tmp)
+                        }
+                    };
+                }
+            }
+        }
+    }
+}
