@@ -239,8 +239,9 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
         Io::Copy { input, output } => {
             let mut inputs = input.chunks_exact(block);
             let mut outputs = output.chunks_exact_mut(block);
+            let mut scratch = Scratch::new();
             for (input, output) in (&mut inputs).zip(&mut outputs) {
-                sixteen_rows::<A, V, Op>(Some(input), output, d, op);
+                sixteen_rows::<A, V, Op>(Some(input), output, d, op, &mut scratch);
             }
             let rest = inputs.remainder().chunks_exact(d);
             for (input, output) in rest.zip(outputs.into_remainder().chunks_exact_mut(d)) {
@@ -249,8 +250,9 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
         }
         Io::InPlace(rows) => {
             let mut blocks = rows.chunks_exact_mut(block);
+            let mut scratch = Scratch::new();
             for rows in &mut blocks {
-                sixteen_rows::<A, V, Op>(None, rows, d, op);
+                sixteen_rows::<A, V, Op>(None, rows, d, op, &mut scratch);
             }
             for row in blocks.into_remainder().chunks_exact_mut(d) {
                 one_row::<A, V, Op>(Io::InPlace(row), op);
@@ -284,49 +286,76 @@ fn one_row<A: NormScalar, V: Vector, Op: ShortOp<A>>(mut io: Io<'_, A>, op: Op) 
     }
 }
 
+/// Buffers of [`sixteen_rows`], reused from block to block.
+struct Scratch<V> {
+    /// `lanes[j][r]` is element `j` of row `r`.
+    lanes: [[f64; LANES]; SHORT_ROW],
+    columns: [V; SHORT_ROW],
+    outputs: [V; SHORT_ROW],
+}
+
+impl<V: Vector> Scratch<V> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn new() -> Self {
+        Scratch {
+            lanes: [[0.0; LANES]; SHORT_ROW],
+            columns: [V::splat(0.0); SHORT_ROW],
+            outputs: [V::splat(0.0); SHORT_ROW],
+        }
+    }
+}
+
+/// Row `r` of length `d` of a block.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn row_of<A>(block: &[A], r: usize, d: usize) -> &[A] {
+    block.get(r * d..(r + 1) * d).unwrap_or(&[])
+}
+
 /// Sixteen short rows of length `d`, one per lane. `source` is `None` when
-/// the rows are normalised in place. Rows that do not fit are left alone by
-/// the vector pass and then handed to the long-row kernel one by one.
+/// the rows are normalised in place. Rows that the vector pass cannot finish
+/// are left alone by it and then handed to the long-row kernel one by one.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
     source: Option<&[A]>,
     destination: &mut [A],
     d: usize,
     op: Op,
+    scratch: &mut Scratch<V>,
 ) {
-    // Transpose: lanes[j][r] is element j of row r.
-    let mut lanes = [[0.0f64; LANES]; SHORT_ROW];
     {
-        let source_rows = source.unwrap_or(&*destination).chunks_exact(d);
-        for (r, row) in source_rows.enumerate().take(LANES) {
-            for (column, &x) in lanes.iter_mut().zip(row) {
+        let rows = source.unwrap_or(&*destination);
+        for r in 0..LANES {
+            for (column, &x) in scratch.lanes.iter_mut().zip(row_of(rows, r, d)) {
                 column[r] = x.widen();
             }
         }
     }
-    let mut columns = [V::splat(0.0); SHORT_ROW];
-    for (column, lane_values) in columns.iter_mut().zip(&lanes).take(d) {
+    for (column, lane_values) in scratch.columns.iter_mut().zip(&scratch.lanes).take(d) {
         *column = V::from_lanes(lane_values);
     }
-    let mut outputs = [V::splat(0.0); SHORT_ROW];
-    let check = op.outputs(&columns[..d], &mut outputs);
-    let mut check_lanes = [[0.0f64; LANES]; 4];
-    for (lanes, value) in check_lanes.iter_mut().zip(check) {
-        *lanes = value.to_lanes();
-    }
+    let columns = scratch.columns.get(..d).unwrap_or(&[]);
+    let check = op.outputs(columns, &mut scratch.outputs);
+    let check = [
+        check[0].to_lanes(),
+        check[1].to_lanes(),
+        check[2].to_lanes(),
+        check[3].to_lanes(),
+    ];
     let mut verdicts = [Verdict::General; LANES];
     for (r, verdict) in verdicts.iter_mut().enumerate() {
-        let [a, b, c, e] = check_lanes;
-        *verdict = op.verdict([a[r], b[r], c[r], e[r]], d);
+        *verdict = op.verdict([check[0][r], check[1][r], check[2][r], check[3][r]], d);
     }
     // Transpose back, then write row by row.
-    for (lane_values, output) in lanes.iter_mut().zip(&outputs).take(d) {
+    for (lane_values, output) in scratch.lanes.iter_mut().zip(&scratch.outputs).take(d) {
         *lane_values = output.to_lanes();
     }
-    for (r, row) in destination.chunks_exact_mut(d).enumerate().take(LANES) {
-        match verdicts[r] {
+    for (r, verdict) in verdicts.into_iter().enumerate() {
+        let Some(row) = destination.get_mut(r * d..(r + 1) * d) else {
+            continue;
+        };
+        match verdict {
             Verdict::Normalised => {
-                for (y, lane_values) in row.iter_mut().zip(&lanes) {
+                for (y, lane_values) in row.iter_mut().zip(&scratch.lanes) {
                     *y = A::narrow(lane_values[r]);
                 }
             }
@@ -335,8 +364,11 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
                     *y = op.constant_output(j);
                 }
             }
-            Verdict::General => match source.and_then(|source| source.chunks_exact(d).nth(r)) {
-                Some(input) => op.general::<V>(Io::Copy { input, output: row }),
+            Verdict::General => match source {
+                Some(source) => op.general::<V>(Io::Copy {
+                    input: row_of(source, r, d),
+                    output: row,
+                }),
                 None => op.general::<V>(Io::InPlace(row)),
             },
         }
