@@ -41,6 +41,8 @@
 
 use crate::scalar::NormScalar;
 
+pub(crate) mod backward;
+
 /// Number of independent accumulators of every sum.
 pub(crate) const LANES: usize = 8;
 
