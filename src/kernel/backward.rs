@@ -244,21 +244,36 @@ impl ColumnSum {
     }
 }
 
-/// Feeds element `i` of the three rows to `step(i % LANES, a, b, c)`, in
-/// index order per lane (the two-operand sibling of `for_each_lane`).
+/// Compensated lane sums of `K` terms of the elements of three rows:
+/// `term(aᵢ, bᵢ, cᵢ)[k]` goes to lane `i % LANES` of sum `k`, in index
+/// order per lane, and the lanes are combined by [`CompensatedSum::total`].
+///
+/// Each full chunk of `LANES` elements first computes all its terms, then
+/// adds them lane by lane; the split lets the compiler vectorise both steps
+/// without changing the order of any addition.
 #[inline(always)]
-fn for_each_lane3<A: NormScalar>(
+fn compensated_sums3<A: NormScalar, const K: usize>(
     a: &[A],
     b: &[A],
     c: &[A],
-    mut step: impl FnMut(usize, f64, f64, f64),
-) {
+    term: impl Fn(f64, f64, f64) -> [f64; K],
+) -> [f64; K] {
+    let mut sums = [CompensatedSum::new(); K];
     let mut a_chunks = a.chunks_exact(LANES);
     let mut b_chunks = b.chunks_exact(LANES);
     let mut c_chunks = c.chunks_exact(LANES);
     for ((a, b), c) in (&mut a_chunks).zip(&mut b_chunks).zip(&mut c_chunks) {
+        let mut terms = [[0.0; LANES]; K];
         for (lane, ((&a, &b), &c)) in a.iter().zip(b).zip(c).enumerate() {
-            step(lane, a.widen(), b.widen(), c.widen());
+            let t = term(a.widen(), b.widen(), c.widen());
+            for (terms, t) in terms.iter_mut().zip(t) {
+                terms[lane] = t;
+            }
+        }
+        for (sum, terms) in sums.iter_mut().zip(&terms) {
+            for (lane, &t) in terms.iter().enumerate() {
+                sum.add(lane, t);
+            }
         }
     }
     let tail = a_chunks
@@ -267,8 +282,12 @@ fn for_each_lane3<A: NormScalar>(
         .zip(b_chunks.remainder())
         .zip(c_chunks.remainder());
     for (lane, ((&a, &b), &c)) in tail.enumerate() {
-        step(lane, a.widen(), b.widen(), c.widen());
+        let t = term(a.widen(), b.widen(), c.widen());
+        for (sum, t) in sums.iter_mut().zip(t) {
+            sum.add(lane, t);
+        }
     }
+    sums.map(CompensatedSum::total)
 }
 
 /// LayerNorm of one row into `y`, returning the statistics backward needs.
@@ -422,16 +441,13 @@ fn layer_norm_backward_row<A: NormScalar>(
         return;
     }
     let norm = |x: f64| ((x * scale - base) - shift) * inv_std;
-    let mut sum_g = CompensatedSum::new();
-    let mut sum_gn = CompensatedSum::new();
-    for_each_lane3(x, dy, weights, |lane, x, dy, w| {
+    let [sum_g, sum_gn] = compensated_sums3(x, dy, weights, |x, dy, w| {
         let g = gain(w) * dy;
-        sum_g.add(lane, g);
-        sum_gn.add(lane, g * norm(x));
+        [g, g * norm(x)]
     });
     let d = x.len() as f64;
-    let mean_g = sum_g.total() / d;
-    let mean_gn = sum_gn.total() / d;
+    let mean_g = sum_g / d;
+    let mean_gn = sum_gn / d;
     let rstd = inv_std * scale;
     let columns = dgamma.iter_mut().zip(dbeta.iter_mut());
     let elements = dx.iter_mut().zip(x).zip(dy).zip(weights);
@@ -490,11 +506,8 @@ fn rms_norm_backward_row<A: NormScalar>(
         return;
     }
     let norm = |x: f64| (x * scale) * inv_rms;
-    let mut sum_gn = CompensatedSum::new();
-    for_each_lane3(x, dy, weights, |lane, x, dy, w| {
-        sum_gn.add(lane, (gain(w) * dy) * norm(x));
-    });
-    let mean_gn = sum_gn.total() / x.len() as f64;
+    let [sum_gn] = compensated_sums3(x, dy, weights, |x, dy, w| [(gain(w) * dy) * norm(x)]);
+    let mean_gn = sum_gn / x.len() as f64;
     let rrms = inv_rms * scale;
     let elements = dx.iter_mut().zip(x).zip(dy).zip(weights);
     for ((((dx, &x), &dy), &w), dg) in elements.zip(dgamma.iter_mut()) {
@@ -545,16 +558,21 @@ mod tests {
     }
 
     #[test]
-    fn lanes_of_three_rows_follow_index_order() {
-        let a: Vec<f64> = (0..19).map(f64::from).collect();
-        let mut seen = Vec::new();
-        for_each_lane3(&a, &a, &a, |lane, x, y, z| {
-            assert_eq!((x, y), (z, z));
-            seen.push((lane, x));
-        });
-        let expected: Vec<(usize, f64)> = (0..19_u8)
-            .map(|i| (usize::from(i) % LANES, f64::from(i)))
-            .collect();
-        assert_eq!(seen, expected);
+    fn sums_of_three_rows_follow_the_lane_order() {
+        // Terms 2⁵³ then 1, 1, …: lane 0 receives elements 0, 8, 16, so its
+        // plain sum loses the ones after 2⁵³ but the compensated sum keeps
+        // them; elements 1..7 and 9.. land in other lanes.
+        let big = 2.0_f64.powi(53);
+        let a: Vec<f64> = (0..19).map(|i| if i == 0 { big } else { 1.0 }).collect();
+        let ones = vec![1.0; 19];
+        let [sum, count] = compensated_sums3(&a, &ones, &ones, |a, b, c| [a * b, b * c]);
+        assert_eq!(sum, big + 18.0);
+        assert_eq!(count, 19.0);
+        // The same order as feeding each element to lane i % LANES.
+        let mut reference = CompensatedSum::new();
+        for (i, &v) in a.iter().enumerate() {
+            reference.add(i % LANES, v);
+        }
+        assert_eq!(sum.to_bits(), reference.total().to_bits());
     }
 }
