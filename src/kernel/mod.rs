@@ -11,6 +11,7 @@
 //! and the summation order is fixed by the source, so every path gives the
 //! same bits; the tests compare them, the plain lane array included.
 
+pub(crate) mod backward;
 mod portable;
 pub(crate) mod simd;
 #[cfg(target_arch = "x86_64")]
