@@ -8,9 +8,9 @@ use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, RemoveAxis};
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::{
-    self as kernel, ColumnSum, Gain, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
+    ColumnSum, Gain, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
 };
-use crate::kernel::Affine;
+use crate::kernel::{self, Affine, Isa};
 use crate::scalar::NormScalar;
 use crate::{check, sealed};
 
@@ -622,8 +622,8 @@ pub(crate) fn layer_norm_train<A: NormScalar, D: RemoveAxis>(
     affine: Affine<'_, A>,
     eps: f64,
 ) -> (Array<A, D>, LayerNormStats<D::Smaller>) {
-    let (y, rows) = train_rows(x, d, RowCentring::NOT_FINITE, |x, y| {
-        kernel::layer_norm_train_row(x, y, affine, eps)
+    let (y, rows) = train_rows(x, d, RowCentring::NOT_FINITE, |isa, x, y, stats| {
+        kernel::layer_norm_train_block(isa, x, y, d, affine, eps, stats)
     });
     let stats = LayerNormStats {
         input_shape: x.shape().to_vec(),
@@ -639,8 +639,8 @@ pub(crate) fn rms_norm_train<A: NormScalar, D: RemoveAxis>(
     gain: Gain<'_, A>,
     eps: f64,
 ) -> (Array<A, D>, RmsNormStats<D::Smaller>) {
-    let (y, rows) = train_rows(x, d, RowScaling::NOT_FINITE, |x, y| {
-        kernel::rms_norm_train_row(x, y, gain, eps)
+    let (y, rows) = train_rows(x, d, RowScaling::NOT_FINITE, |isa, x, y, stats| {
+        kernel::rms_norm_train_block(isa, x, y, d, gain.affine(), eps, stats)
     });
     let stats = RmsNormStats {
         input_shape: x.shape().to_vec(),
@@ -659,12 +659,12 @@ pub(crate) fn layer_norm_grads<A: NormScalar, D: Dimension>(
     saved: Option<&[RowCentring]>,
     eps: f64,
 ) -> LayerNormGrads<A, D> {
-    let (dx, dgamma, dbeta) = backward_blocks(x, dy, d, |first, x, dy, dx, partials| {
+    let (dx, dgamma, dbeta) = backward_blocks(x, dy, d, |isa, first, x, dy, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
         };
-        kernel::layer_norm_backward_block(x, dy, dx, gain, saved, partials);
+        kernel::layer_norm_backward_block(isa, x, dy, dx, gain, saved, partials);
     });
     LayerNormGrads { dx, dgamma, dbeta }
 }
@@ -679,12 +679,12 @@ pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
     saved: Option<&[RowScaling]>,
     eps: f64,
 ) -> RmsNormGrads<A, D> {
-    let (dx, dgamma, _) = backward_blocks(x, dy, d, |first, x, dy, dx, partials| {
+    let (dx, dgamma, _) = backward_blocks(x, dy, d, |isa, first, x, dy, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
         };
-        kernel::rms_norm_backward_block(x, dy, dx, gain, saved, partials);
+        kernel::rms_norm_backward_block(isa, x, dy, dx, gain, saved, partials);
     });
     RmsNormGrads { dx, dgamma }
 }
@@ -698,14 +698,16 @@ pub(crate) fn in_row_order<T: Copy, S: Dimension>(rows: &Array<T, S>) -> Cow<'_,
     }
 }
 
-/// Runs `row(x_row, y_row)` on every row, collecting its results in an
-/// array of the leading shape (first filled with `placeholder`).
+/// Runs `block(isa, x, y, stats)` on [`BLOCK_ROWS`] rows at a time,
+/// collecting the rows' statistics in an array of the leading shape (first
+/// filled with `placeholder`).
 fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
     x: &ArrayRef<A, D>,
     d: usize,
     placeholder: T,
-    mut row: impl FnMut(&[A], &mut [A]) -> T,
+    block: impl Fn(Isa, &[A], &mut [A], &mut [T]),
 ) -> (Array<A, D>, Array<T, D::Smaller>) {
+    let isa = Isa::detect();
     let mut y = Array::zeros(x.raw_dim());
     let leading = x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)));
     let mut stats = Array::from_elem(leading, placeholder);
@@ -713,15 +715,17 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
         let mut xs = RowBlocks::new(x, d);
         let mut ys = RowBlocksMut::new(&mut y, d);
         let mut slots = stats.iter_mut();
+        let mut block_stats = [placeholder; BLOCK_ROWS];
         loop {
             let x_block = xs.next_block(BLOCK_ROWS);
             if x_block.is_empty() {
                 break;
             }
-            let y_block = ys.next_block(BLOCK_ROWS);
-            let rows = x_block.chunks_exact(d).zip(y_block.chunks_exact_mut(d));
-            for ((x, y), slot) in rows.zip(&mut slots) {
-                *slot = row(x, y);
+            let rows = (x_block.len() / d.max(1)).min(BLOCK_ROWS);
+            let block_stats = &mut block_stats[..rows];
+            block(isa, x_block, ys.next_block(BLOCK_ROWS), block_stats);
+            for (slot, &row) in (&mut slots).zip(block_stats.iter()) {
+                *slot = row;
             }
         }
     }
@@ -738,8 +742,9 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     d: usize,
-    mut block: impl FnMut(usize, &[A], &[A], &mut [A], &mut Partials),
+    mut block: impl FnMut(Isa, usize, &[A], &[A], &mut [A], &mut Partials),
 ) -> (Array<A, D>, Array1<A>, Array1<A>) {
+    let isa = Isa::detect();
     let mut dx = Array::zeros(x.raw_dim());
     let mut dgamma = ColumnSum::new(d);
     let mut dbeta = ColumnSum::new(d);
@@ -756,6 +761,7 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
             }
             partials.clear();
             block(
+                isa,
                 first,
                 x_block,
                 dys.next_block(BLOCK_ROWS),

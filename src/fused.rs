@@ -7,7 +7,7 @@ use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::BLOCK_ROWS;
-use crate::kernel::{self, Affine, Io};
+use crate::kernel::{self, Affine, Io, Isa};
 use crate::scalar::NormScalar;
 use crate::{check, sealed};
 
@@ -164,8 +164,8 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
         let affine = Affine::ScaleShift(&gamma, &beta);
-        Ok(add_norm(self, residual, d, |io| {
-            kernel::layer_norm_row(io, affine, eps)
+        Ok(add_norm(self, residual, d, |isa, io| {
+            kernel::layer_norm_row(isa, io, affine, eps)
         }))
     }
 
@@ -178,8 +178,8 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<Array<A, D>, NormError> {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
         let affine = Affine::ScaleShift(&gamma, &beta);
-        Ok(add_norm_inplace(self, residual, d, |io| {
-            kernel::layer_norm_row(io, affine, eps)
+        Ok(add_norm_inplace(self, residual, d, |isa, io| {
+            kernel::layer_norm_row(isa, io, affine, eps)
         }))
     }
 
@@ -191,8 +191,8 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
         let affine = Affine::Scale(&gamma);
-        Ok(add_norm(self, residual, d, |io| {
-            kernel::rms_norm_row(io, affine, eps)
+        Ok(add_norm(self, residual, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, affine, eps)
         }))
     }
 
@@ -204,8 +204,8 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<Array<A, D>, NormError> {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
         let affine = Affine::Scale(&gamma);
-        Ok(add_norm_inplace(self, residual, d, |io| {
-            kernel::rms_norm_row(io, affine, eps)
+        Ok(add_norm_inplace(self, residual, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, affine, eps)
         }))
     }
 }
@@ -253,8 +253,9 @@ fn add_norm<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     residual: &ArrayRef<A, D>,
     d: usize,
-    norm: impl Fn(Io<'_, A>),
+    norm: impl Fn(Isa, Io<'_, A>),
 ) -> (Array<A, D>, Array<A, D>) {
+    let isa = Isa::detect();
     let mut y = Array::zeros(x.raw_dim());
     let mut h = Array::zeros(x.raw_dim());
     {
@@ -274,10 +275,13 @@ fn add_norm<A: NormScalar, D: Dimension>(
             let outputs = h_block.chunks_exact_mut(d).zip(y_block.chunks_exact_mut(d));
             for ((x, r), (h, y)) in inputs.zip(outputs) {
                 add_row(x, r, h);
-                norm(Io::Copy {
-                    input: h,
-                    output: y,
-                });
+                norm(
+                    isa,
+                    Io::Copy {
+                        input: h,
+                        output: y,
+                    },
+                );
             }
         }
     }
@@ -290,8 +294,9 @@ fn add_norm_inplace<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     residual: &mut ArrayRef<A, D>,
     d: usize,
-    norm: impl Fn(Io<'_, A>),
+    norm: impl Fn(Isa, Io<'_, A>),
 ) -> Array<A, D> {
+    let isa = Isa::detect();
     let mut y = Array::zeros(x.raw_dim());
     {
         let mut xs = RowBlocks::new(x, d);
@@ -309,10 +314,13 @@ fn add_norm_inplace<A: NormScalar, D: Dimension>(
                 for (r, &x) in r.iter_mut().zip(x) {
                     *r = x + *r;
                 }
-                norm(Io::Copy {
-                    input: r,
-                    output: y,
-                });
+                norm(
+                    isa,
+                    Io::Copy {
+                        input: r,
+                        output: y,
+                    },
+                );
             }
         }
     }

@@ -6,8 +6,8 @@ use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, RemoveAxis};
 
 use crate::backward::{self, LayerNormGrads, LayerNormStats, RmsNormGrads, RmsNormStats};
 use crate::error::{NormError, Operand};
-use crate::kernel::backward::{self as kernel, Gain};
-use crate::kernel::Affine;
+use crate::kernel::backward::Gain;
+use crate::kernel::{self, Affine};
 use crate::scalar::NormScalar;
 use crate::{check, rows};
 
@@ -258,8 +258,8 @@ impl<A: NormScalar> LayerNorm<A> {
         let args = self.args(x)?;
         let (affine, eps) = (args.affine(), args.eps);
         let mut y = Array::zeros(x.raw_dim());
-        rows::map_rows(x, &mut y, args.d, |io| {
-            crate::kernel::layer_norm_row(io, affine, eps)
+        rows::map_rows(x, &mut y, args.d, |isa, io| {
+            kernel::layer_norm_row(isa, io, affine, eps)
         });
         Ok(y)
     }
@@ -614,14 +614,10 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn forward<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<Array<A, D>, NormError> {
         let (d, weights, eps) = self.args(x)?;
         let mut y = Array::zeros(x.raw_dim());
-        match self.gain(&weights) {
-            Gain::Gamma(gamma) => rows::map_rows(x, &mut y, d, |io| {
-                crate::kernel::rms_norm_row(io, Affine::Scale(gamma), eps)
-            }),
-            Gain::OnePlus(w) => {
-                rows::map_rows(x, &mut y, d, |io| kernel::rms_norm_one_plus_row(io, w, eps))
-            }
-        }
+        let affine = self.gain(&weights).affine();
+        rows::map_rows(x, &mut y, d, |isa, io| {
+            kernel::rms_norm_row(isa, io, affine, eps)
+        });
         Ok(y)
     }
 

@@ -1,7 +1,8 @@
-//! Training kernels: the forward pass that keeps its row statistics, the
-//! backward passes of LayerNorm and RMSNorm, and the zero-centred RMSNorm
-//! gain `1 + w`. Like the rest of [`kernel`](super), every function works on
-//! contiguous rows in logical order and accumulates in `f64`.
+//! Training kernels: the forward pass that keeps its row statistics and the
+//! backward passes of LayerNorm and RMSNorm, a block of rows at a time.
+//! Like [`portable`](super::portable), every function here is
+//! `#[inline(always)]` and generic over the [`Vector`] type, so the entry
+//! points of [`kernel`](super) compile it anew for every instruction set.
 //!
 //! # Gradients
 //!
@@ -23,6 +24,14 @@
 //! `scale = 1` multiplies exactly), so it carries the forward pass's
 //! accuracy, also on rows with a large common offset or rescaled rows.
 //!
+//! The statistics backward uses are those of the exact centring of
+//! [`portable`](super::portable) for both element types: an `f32` row,
+//! widened exactly, goes through the arithmetic of the `f64` row of the same
+//! values, so `f32` gradients are the `f64` gradients rounded once. (The
+//! forward output of an `f32` row may come from the certified single
+//! precision path; the training forward pass writes that output and saves
+//! the exact statistics.)
+//!
 //! A row has no derivative where the normalisation jumps: a constant row
 //! under LayerNorm, or an all-zero row under RMSNorm, when `eps = 0`. Its
 //! saved `inv_std` is `+∞`, its `dx` is NaN, and its `n` counts as 0 in
@@ -30,18 +39,24 @@
 //!
 //! # Summation order
 //!
-//! `mean(g)` and `mean(g ⊙ n)` are compensated lane sums (element `i` in
-//! lane `i % LANES`, lanes combined by the halving tree of
-//! [`CompensatedSum`]). The per-feature sums over rows are split into blocks
-//! of [`BLOCK_ROWS`] consecutive rows: each block sums its rows in order into
-//! plain `f64` partials that start at 0, and the blocks' partials are added
-//! in block order by [`ColumnSum`], which keeps the rounding error of every
-//! addition. No step depends on which thread computes a block, so the bits
-//! do not depend on the thread count. No fused multiply-add is used.
+//! `Σ g` and `Σ g ⊙ n` are [`BlockedSum`]s: element `i` in lane `i % LANES`,
+//! plain sums over blocks of [`BLOCK`] vectors added to a compensated
+//! total, the lanes combined by fixed halving trees. Their error, about
+//! `(BLOCK + 5) · 2⁻⁵³ · Σ |terms|`, is that of a short plain sum whatever
+//! `d`. The per-feature sums over rows are split into blocks of
+//! [`BLOCK_ROWS`] consecutive rows: each block adds its rows in order,
+//! element by element, into `f64` partials that start at 0, and the blocks'
+//! partials are added in block order by [`ColumnSum`], which keeps the
+//! rounding error of every addition. No step depends on which thread
+//! computes a block, so the bits do not depend on the thread count. No
+//! fused multiply-add is used.
 
-use super::{
-    centring, rms_scaling, two_sum, write_row, Affine, Centring, CompensatedSum, Io, LANES,
+use super::portable::{
+    exact_centring, padded, rms_scaling, single_precision_centring, two_sum, write_layer_norm,
+    write_rms_norm, Blend, BlockedSum, Centre, Centring, Fold, Normalise, Rescale, BLOCK,
 };
+use super::simd::{Vector, LANES};
+use super::{Affine, Io};
 use crate::scalar::NormScalar;
 
 /// Rows per block of the per-feature sums over rows.
@@ -69,13 +84,9 @@ impl RowCentring {
         inv_std: f64::NAN,
     };
 
-    /// The statistics of row `x` (non-empty).
-    pub(crate) fn of<A: NormScalar>(x: &[A], eps: f64) -> Self {
-        Self::from_centring(x, &centring(x, eps), eps)
-    }
-
-    fn from_centring<A: NormScalar>(x: &[A], centring: &Centring, eps: f64) -> Self {
-        match *centring {
+    #[inline(always)]
+    fn from_centring<A: NormScalar>(x: &[A], centring: Centring, eps: f64) -> Self {
+        match centring {
             Centring::Centred {
                 scale,
                 base,
@@ -106,6 +117,11 @@ impl RowCentring {
     pub(crate) fn rstd(self) -> f64 {
         self.inv_std * self.scale
     }
+    /// The bits of every field, for comparisons that must see NaN and -0.
+    #[cfg(test)]
+    pub(crate) fn to_bits(self) -> [u64; 4] {
+        [self.scale, self.base, self.shift, self.inv_std].map(f64::to_bits)
+    }
 }
 
 /// RMSNorm statistics of one row as backward needs them:
@@ -125,11 +141,7 @@ impl RowScaling {
         inv_rms: f64::NAN,
     };
 
-    /// The statistics of row `x` (non-empty).
-    pub(crate) fn of<A: NormScalar>(x: &[A], eps: f64) -> Self {
-        Self::from_scaling(rms_scaling(x, eps))
-    }
-
+    #[inline(always)]
     fn from_scaling(scaling: Option<(f64, f64)>) -> Self {
         match scaling {
             // The forward kernel gets 0 for an all-zero row with eps = 0, so
@@ -150,14 +162,46 @@ impl RowScaling {
     pub(crate) fn rrms(self) -> f64 {
         self.inv_rms * self.scale
     }
+    /// The bits of every field.
+    #[cfg(test)]
+    pub(crate) fn to_bits(self) -> [u64; 2] {
+        [self.scale, self.inv_rms].map(f64::to_bits)
+    }
 }
 
 /// `1/√eps`, the `1/√(var + eps)` of a constant row (`+∞` for `eps = 0`).
+#[inline(always)]
 fn constant_inverse_root(eps: f64) -> f64 {
     if eps > 0.0 {
         1.0 / eps.sqrt()
     } else {
         f64::INFINITY
+    }
+}
+
+/// Row statistics that backward can compute itself.
+pub(crate) trait RowStatistics: Copy {
+    /// The statistics of a row that has none.
+    const MISSING: Self;
+    /// The statistics of row `x` (non-empty).
+    fn compute<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Self;
+}
+
+impl RowStatistics for RowCentring {
+    const MISSING: Self = RowCentring::NOT_FINITE;
+    // See `layer_norm_backward_row`.
+    #[cfg_attr(debug_assertions, inline(never))]
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn compute<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Self {
+        Self::from_centring(x, exact_centring::<A, V>(x, eps), eps)
+    }
+}
+
+impl RowStatistics for RowScaling {
+    const MISSING: Self = RowScaling::NOT_FINITE;
+    #[inline(always)]
+    fn compute<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Self {
+        Self::from_scaling(rms_scaling::<A, V>(x, eps))
     }
 }
 
@@ -170,6 +214,16 @@ pub(crate) enum Gain<'a, A> {
     OnePlus(&'a [A]),
 }
 
+impl<'a, A> Gain<'a, A> {
+    /// The forward pass's affine part for this gain.
+    pub(crate) fn affine(self) -> Affine<'a, A> {
+        match self {
+            Gain::Gamma(gamma) => Affine::Scale(gamma),
+            Gain::OnePlus(w) => Affine::OnePlus(w),
+        }
+    }
+}
+
 /// Where a block's row statistics come from.
 #[derive(Clone, Copy)]
 pub(crate) enum Saved<'a, T> {
@@ -179,17 +233,18 @@ pub(crate) enum Saved<'a, T> {
     Rows(&'a [T]),
 }
 
-impl<T: Copy> Saved<'_, T> {
+impl<T: RowStatistics> Saved<'_, T> {
     #[inline(always)]
-    fn row<A>(self, row: usize, x: &[A], compute: impl Fn(&[A], f64) -> T, missing: T) -> T {
+    fn row<A: NormScalar, V: Vector>(self, row: usize, x: &[A]) -> T {
         match self {
-            Saved::Compute(eps) => compute(x, eps),
-            Saved::Rows(rows) => rows.get(row).copied().unwrap_or(missing),
+            Saved::Compute(eps) => T::compute::<A, V>(x, eps),
+            Saved::Rows(rows) => rows.get(row).copied().unwrap_or(T::MISSING),
         }
     }
 }
 
-/// One block's per-feature partial sums over its rows.
+/// One block's per-feature partial sums over its rows, each padded with
+/// zeros to whole vectors so that the kernels load and store them as such.
 pub(crate) struct Partials {
     pub(crate) dgamma: Vec<f64>,
     pub(crate) dbeta: Vec<f64>,
@@ -197,9 +252,10 @@ pub(crate) struct Partials {
 
 impl Partials {
     pub(crate) fn new(d: usize) -> Self {
+        let padded = d.div_ceil(LANES) * LANES;
         Partials {
-            dgamma: vec![0.0; d],
-            dbeta: vec![0.0; d],
+            dgamma: vec![0.0; padded],
+            dbeta: vec![0.0; padded],
         }
     }
 
@@ -225,7 +281,7 @@ impl ColumnSum {
         }
     }
 
-    /// Adds the next block's partials.
+    /// Adds the next block's partials (the first `d` of them).
     pub(crate) fn add(&mut self, partial: &[f64]) {
         for ((high, low), &p) in self.high.iter_mut().zip(&mut self.low).zip(partial) {
             let (sum, err) = two_sum(*high, p);
@@ -244,152 +300,288 @@ impl ColumnSum {
     }
 }
 
-/// Compensated lane sums of `K` terms of the elements of three rows:
-/// `term(aᵢ, bᵢ, cᵢ)[k]` goes to lane `i % LANES` of sum `k`, in index
-/// order per lane, and the lanes are combined by [`CompensatedSum::total`].
-///
-/// Each full chunk of `LANES` elements first computes all its terms, then
-/// adds them lane by lane; the split lets the compiler vectorise both steps
-/// without changing the order of any addition.
+/// LayerNorm of a block of rows into `y`, saving each row's statistics.
 #[inline(always)]
-fn compensated_sums3<A: NormScalar, const K: usize>(
-    a: &[A],
-    b: &[A],
-    c: &[A],
-    term: impl Fn(f64, f64, f64) -> [f64; K],
-) -> [f64; K] {
-    let mut sums = [CompensatedSum::new(); K];
-    let mut a_chunks = a.chunks_exact(LANES);
-    let mut b_chunks = b.chunks_exact(LANES);
-    let mut c_chunks = c.chunks_exact(LANES);
-    for ((a, b), c) in (&mut a_chunks).zip(&mut b_chunks).zip(&mut c_chunks) {
-        let mut terms = [[0.0; LANES]; K];
-        for (lane, ((&a, &b), &c)) in a.iter().zip(b).zip(c).enumerate() {
-            let t = term(a.widen(), b.widen(), c.widen());
-            for (terms, t) in terms.iter_mut().zip(t) {
-                terms[lane] = t;
-            }
-        }
-        for (sum, terms) in sums.iter_mut().zip(&terms) {
-            for (lane, &t) in terms.iter().enumerate() {
-                sum.add(lane, t);
-            }
-        }
-    }
-    let tail = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .zip(c_chunks.remainder());
-    for (lane, ((&a, &b), &c)) in tail.enumerate() {
-        let t = term(a.widen(), b.widen(), c.widen());
-        for (sum, t) in sums.iter_mut().zip(t) {
-            sum.add(lane, t);
-        }
-    }
-    sums.map(CompensatedSum::total)
-}
-
-/// LayerNorm of one row into `y`, returning the statistics backward needs.
-/// The output has the bits of [`layer_norm_row`](super::layer_norm_row).
-pub(crate) fn layer_norm_train_row<A: NormScalar>(
+pub(super) fn layer_norm_train_block<A: NormScalar, V: Vector>(
     x: &[A],
     y: &mut [A],
+    d: usize,
     affine: Affine<'_, A>,
     eps: f64,
-) -> RowCentring {
-    let centring_ = centring(x, eps);
-    match centring_ {
-        Centring::Centred {
-            scale,
-            base,
-            shift,
-            inv_std,
-        } => {
-            let io = Io::Copy {
-                input: x,
-                output: &mut *y,
-            };
-            if scale == 1.0 {
-                write_row(io, affine, |x| ((x - base) - shift) * inv_std);
-            } else {
-                write_row(io, affine, |x| ((x * scale - base) - shift) * inv_std);
-            }
-        }
-        Centring::Constant => match affine {
-            Affine::ScaleShift(_, beta) => y.copy_from_slice(beta),
-            Affine::Identity | Affine::Scale(_) => y.fill(A::zero()),
-        },
-        Centring::NotFinite => y.fill(A::nan()),
+    stats: &mut [RowCentring],
+) {
+    if d == 0 {
+        return;
     }
-    RowCentring::from_centring(x, &centring_, eps)
-}
-
-/// RMSNorm of one row into `y`, returning the statistics backward needs.
-/// With [`Gain::Gamma`] the output has the bits of
-/// [`rms_norm_row`](super::rms_norm_row).
-pub(crate) fn rms_norm_train_row<A: NormScalar>(
-    x: &[A],
-    y: &mut [A],
-    gain: Gain<'_, A>,
-    eps: f64,
-) -> RowScaling {
-    let scaling = rms_scaling(x, eps);
-    rms_write(
-        Io::Copy {
+    let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
+    for ((x, y), slot) in rows.zip(stats) {
+        let exact = exact_centring::<A, V>(x, eps);
+        // The forward kernel's choice, so that `y` has its bits.
+        let forward = if size_of::<A>() == size_of::<f32>() {
+            single_precision_centring::<A, V>(x, eps).unwrap_or(exact)
+        } else {
+            exact
+        };
+        let io = Io::Copy {
             input: x,
             output: y,
-        },
-        gain,
-        scaling,
-    );
-    RowScaling::from_scaling(scaling)
+        };
+        write_layer_norm::<A, V>(io, affine, forward);
+        *slot = RowCentring::from_centring(x, exact, eps);
+    }
 }
 
-/// RMSNorm of one row with the zero-centred gain: `yᵢ = nᵢ · (1 + wᵢ)`.
-pub(crate) fn rms_norm_one_plus_row<A: NormScalar>(io: Io<'_, A>, w: &[A], eps: f64) {
-    let scaling = rms_scaling(io.input(), eps);
-    rms_write(io, Gain::OnePlus(w), scaling);
-}
-
-/// Writes RMSNorm's output for the row's scaling (`None`: NaN row), with the
-/// normalisation expressions of the forward kernel.
-fn rms_write<A: NormScalar>(mut io: Io<'_, A>, gain: Gain<'_, A>, scaling: Option<(f64, f64)>) {
-    let Some((scale, inv_rms)) = scaling else {
-        io.output().fill(A::nan());
+/// RMSNorm of a block of rows into `y`, saving each row's statistics.
+#[inline(always)]
+pub(super) fn rms_norm_train_block<A: NormScalar, V: Vector>(
+    x: &[A],
+    y: &mut [A],
+    d: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+    stats: &mut [RowScaling],
+) {
+    if d == 0 {
         return;
-    };
-    match gain {
-        Gain::Gamma(gamma) => {
-            let affine = Affine::Scale(gamma);
-            if scale == 1.0 {
-                write_row(io, affine, |x| x * inv_rms);
-            } else {
-                write_row(io, affine, |x| (x * scale) * inv_rms);
-            }
+    }
+    let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
+    for ((x, y), slot) in rows.zip(stats) {
+        let scaling = rms_scaling::<A, V>(x, eps);
+        let io = Io::Copy {
+            input: x,
+            output: y,
+        };
+        write_rms_norm::<A, V>(io, affine, scaling);
+        *slot = RowScaling::from_scaling(scaling);
+    }
+}
+
+/// How the stored weight becomes the gain (a type, so that the kernels are
+/// compiled once per kind without a branch per element).
+trait Weight: Copy {
+    fn gain<V: Vector>(self, w: V) -> V;
+}
+
+/// The weight is the gain `γ`.
+#[derive(Clone, Copy)]
+struct AsIs;
+
+impl Weight for AsIs {
+    #[inline(always)]
+    fn gain<V: Vector>(self, w: V) -> V {
+        w
+    }
+}
+
+/// The gain is `1 + w`.
+#[derive(Clone, Copy)]
+struct OnePlus;
+
+impl Weight for OnePlus {
+    #[inline(always)]
+    fn gain<V: Vector>(self, w: V) -> V {
+        w + V::splat(1.0)
+    }
+}
+
+/// Folds over three rows of one length at once (`x`, `dy` and the weights),
+/// in the order of [`fold_row`](super::portable): element `i` in lane
+/// `i % LANES`, a flush after every [`BLOCK`] vectors, the last partial
+/// chunk padded with zeros and only its real lanes kept.
+#[inline(always)]
+fn fold_rows<A: NormScalar, V: Vector, F: Fold<(V, V, V)>>(
+    x: &[A],
+    dy: &[A],
+    w: &[A],
+    init: F::State,
+    fold: F,
+) -> F::State {
+    let (x_chunks, x_tail) = x.as_chunks::<LANES>();
+    let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
+    let (w_chunks, w_tail) = w.as_chunks::<LANES>();
+    let mut state = init;
+    let blocks = x_chunks
+        .chunks(BLOCK)
+        .zip(dy_chunks.chunks(BLOCK))
+        .zip(w_chunks.chunks(BLOCK));
+    for ((x, dy), w) in blocks {
+        for ((x, dy), w) in x.iter().zip(dy).zip(w) {
+            state = fold.step(state, (A::load(x), A::load(dy), A::load(w)));
         }
-        Gain::OnePlus(w) => {
-            let norm = |x: f64| (x * scale) * inv_rms;
-            match io {
-                Io::Copy { input, output } => {
-                    for ((y, &x), &w) in output.iter_mut().zip(input).zip(w) {
-                        *y = A::narrow(norm(x.widen()) * (1.0 + w.widen()));
-                    }
-                }
-                Io::InPlace(row) => {
-                    for (y, &w) in row.iter_mut().zip(w) {
-                        *y = A::narrow(norm(y.widen()) * (1.0 + w.widen()));
-                    }
-                }
-            }
+        state = fold.flush(state);
+    }
+    if !x_tail.is_empty() {
+        let values = (
+            A::load(&padded(x_tail)),
+            A::load(&padded(dy_tail)),
+            A::load(&padded(w_tail)),
+        );
+        let update = fold.flush(fold.step(state, values));
+        state = update.blend(state, x_tail.len());
+    }
+    state
+}
+
+/// Blocked `Σ gᵢ` and `Σ gᵢ nᵢ` of a LayerNorm row.
+#[derive(Clone, Copy)]
+struct LayerNormSums<V, W> {
+    norm: Centre<V>,
+    weight: W,
+}
+
+impl<V: Vector, W: Weight> Fold<(V, V, V)> for LayerNormSums<V, W> {
+    type State = (BlockedSum<V>, BlockedSum<V>);
+    #[inline(always)]
+    fn step(self, (g_sum, gn_sum): Self::State, (x, dy, w): (V, V, V)) -> Self::State {
+        let g = self.weight.gain(w) * dy;
+        (g_sum.add(g), gn_sum.add(g * self.norm.apply(x)))
+    }
+    #[inline(always)]
+    fn flush(self, (g_sum, gn_sum): Self::State) -> Self::State {
+        (g_sum.flush(), gn_sum.flush())
+    }
+}
+
+/// Blocked `Σ gᵢ nᵢ` of an RMSNorm row.
+#[derive(Clone, Copy)]
+struct RmsNormSums<V, W> {
+    norm: Rescale<V>,
+    weight: W,
+}
+
+impl<V: Vector, W: Weight> Fold<(V, V, V)> for RmsNormSums<V, W> {
+    type State = BlockedSum<V>;
+    #[inline(always)]
+    fn step(self, gn_sum: Self::State, (x, dy, w): (V, V, V)) -> Self::State {
+        gn_sum.add((self.weight.gain(w) * dy) * self.norm.apply(x))
+    }
+    #[inline(always)]
+    fn flush(self, gn_sum: Self::State) -> Self::State {
+        gn_sum.flush()
+    }
+}
+
+/// One vector of a row's gradient (a struct, not a closure, for the reason
+/// given at [`Fold`]).
+trait Gradient<V>: Copy {
+    /// Whether the row adds `dy` to `dβ`.
+    const WITH_BETA: bool;
+    /// `(dx, n)` for one vector of `x`, `dy` and the weights.
+    fn apply(self, x: V, dy: V, w: V) -> (V, V);
+}
+
+/// `dxᵢ = ((gᵢ - mean(g)) - nᵢ · mean(g ⊙ n)) · rstd`.
+#[derive(Clone, Copy)]
+struct LayerNormGradient<V, W> {
+    norm: Centre<V>,
+    weight: W,
+    mean_g: V,
+    mean_gn: V,
+    rstd: V,
+}
+
+impl<V: Vector, W: Weight> Gradient<V> for LayerNormGradient<V, W> {
+    const WITH_BETA: bool = true;
+    #[inline(always)]
+    fn apply(self, x: V, dy: V, w: V) -> (V, V) {
+        let n = self.norm.apply(x);
+        let g = self.weight.gain(w) * dy;
+        (((g - self.mean_g) - n * self.mean_gn) * self.rstd, n)
+    }
+}
+
+/// `dxᵢ = (gᵢ - nᵢ · mean(g ⊙ n)) · rrms`.
+#[derive(Clone, Copy)]
+struct RmsNormGradient<V, W> {
+    norm: Rescale<V>,
+    weight: W,
+    mean_gn: V,
+    rrms: V,
+}
+
+impl<V: Vector, W: Weight> Gradient<V> for RmsNormGradient<V, W> {
+    const WITH_BETA: bool = false;
+    #[inline(always)]
+    fn apply(self, x: V, dy: V, w: V) -> (V, V) {
+        let n = self.norm.apply(x);
+        let g = self.weight.gain(w) * dy;
+        ((g - n * self.mean_gn) * self.rrms, n)
+    }
+}
+
+/// A row without a derivative (`eps = 0` and a constant, or all-zero, row):
+/// `dx` is NaN, and the normalised output, 0 whatever the gain, adds
+/// `dy · 0` to `dγ` (0, or NaN for a non-finite `dy`).
+#[derive(Clone, Copy)]
+struct Singular<const WITH_BETA: bool>;
+
+impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
+    const WITH_BETA: bool = WITH_BETA;
+    #[inline(always)]
+    fn apply(self, _x: V, _dy: V, _w: V) -> (V, V) {
+        (V::splat(f64::NAN), V::splat(0.0))
+    }
+}
+
+/// Writes a row's `dx` and adds `dyᵢ · nᵢ` to `dgamma[i]` (and `dyᵢ` to
+/// `dbeta[i]` where the gradient says so). `dgamma` and `dbeta` are
+/// [`Partials`], padded to whole vectors; the last, partial chunk of the row
+/// is padded with zeros and only its real elements of `dx` are written.
+#[inline(always)]
+fn write_gradient<A: NormScalar, V: Vector, G: Gradient<V>>(
+    (x, dy, w): (&[A], &[A], &[A]),
+    dx: &mut [A],
+    partials: &mut Partials,
+    gradient: G,
+) {
+    let (x_chunks, x_tail) = x.as_chunks::<LANES>();
+    let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
+    let (w_chunks, w_tail) = w.as_chunks::<LANES>();
+    let (dx_chunks, dx_tail) = dx.as_chunks_mut::<LANES>();
+    let (dgamma, _) = partials.dgamma.as_chunks_mut::<LANES>();
+    let (dbeta, _) = partials.dbeta.as_chunks_mut::<LANES>();
+    let mut sums = dgamma.iter_mut().zip(dbeta.iter_mut());
+    let inputs = x_chunks.iter().zip(dy_chunks).zip(w_chunks);
+    for ((((x, dy), w), dx), (dgamma, dbeta)) in inputs.zip(dx_chunks).zip(&mut sums) {
+        let dy = A::load::<V>(dy);
+        let (value, n) = gradient.apply(A::load(x), dy, A::load(w));
+        A::store(value, dx);
+        accumulate::<V, G>(dy, n, dgamma, dbeta);
+    }
+    if dx_tail.is_empty() {
+        return;
+    }
+    if let Some((dgamma, dbeta)) = sums.next() {
+        let dy = A::load::<V>(&padded(dy_tail));
+        let (value, n) = gradient.apply(A::load(&padded(x_tail)), dy, A::load(&padded(w_tail)));
+        let mut chunk = [A::zero(); LANES];
+        A::store(value, &mut chunk);
+        for (out, value) in dx_tail.iter_mut().zip(chunk) {
+            *out = value;
         }
+        accumulate::<V, G>(dy, n, dgamma, dbeta);
+    }
+}
+
+/// `dgamma += dy · n` and, for LayerNorm, `dbeta += dy`, one vector each.
+#[inline(always)]
+fn accumulate<V: Vector, G: Gradient<V>>(
+    dy: V,
+    n: V,
+    dgamma: &mut [f64; LANES],
+    dbeta: &mut [f64; LANES],
+) {
+    (V::load_f64(dgamma) + dy * n).store_f64(dgamma);
+    if G::WITH_BETA {
+        (V::load_f64(dbeta) + dy).store_f64(dbeta);
     }
 }
 
 /// LayerNorm backward of a block of rows (`x`, `dy`, `dx` hold the same
 /// number of rows of length `d = gain`'s length): writes `dx` and adds each
 /// row's `dy ⊙ n` and `dy` to `partials` in row order.
-pub(crate) fn layer_norm_backward_block<A: NormScalar>(
+#[inline(always)]
+pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
     x: &[A],
     dy: &[A],
     dx: &mut [A],
@@ -397,35 +589,46 @@ pub(crate) fn layer_norm_backward_block<A: NormScalar>(
     saved: Saved<'_, RowCentring>,
     partials: &mut Partials,
 ) {
-    let (weights, one_plus) = match gain {
-        Gain::Gamma(w) => (w, false),
-        Gain::OnePlus(w) => (w, true),
-    };
+    match gain {
+        Gain::Gamma(w) => layer_norm_backward_rows::<A, V, _>(x, dy, dx, w, AsIs, saved, partials),
+        Gain::OnePlus(w) => {
+            layer_norm_backward_rows::<A, V, _>(x, dy, dx, w, OnePlus, saved, partials)
+        }
+    }
+}
+
+#[inline(always)]
+fn layer_norm_backward_rows<A: NormScalar, V: Vector, W: Weight>(
+    x: &[A],
+    dy: &[A],
+    dx: &mut [A],
+    weights: &[A],
+    weight: W,
+    saved: Saved<'_, RowCentring>,
+    partials: &mut Partials,
+) {
     let d = weights.len();
     if d == 0 {
         return;
     }
     let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
     for (row, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
-        let stats = saved.row(row, x, RowCentring::of, RowCentring::NOT_FINITE);
-        let sums = (&mut partials.dgamma[..], &mut partials.dbeta[..]);
-        if one_plus {
-            layer_norm_backward_row(x, dy, dx, weights, |w| 1.0 + w, stats, sums);
-        } else {
-            layer_norm_backward_row(x, dy, dx, weights, |w| w, stats, sums);
-        }
+        let stats = saved.row::<A, V>(row, x);
+        layer_norm_backward_row::<A, V, W>((x, dy, weights), dx, weight, stats, partials);
     }
 }
 
-#[inline(always)]
-fn layer_norm_backward_row<A: NormScalar>(
-    x: &[A],
-    dy: &[A],
+// Out of line in unoptimised builds only: there every vector temporary
+// gets its own stack slot, and a trampoline holding all the row kernels
+// would outgrow a test thread's stack. Optimised builds inline everything.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_backward_row<A: NormScalar, V: Vector, W: Weight>(
+    (x, dy, weights): (&[A], &[A], &[A]),
     dx: &mut [A],
-    weights: &[A],
-    gain: impl Fn(f64) -> f64,
+    weight: W,
     stats: RowCentring,
-    (dgamma, dbeta): (&mut [f64], &mut [f64]),
+    partials: &mut Partials,
 ) {
     let RowCentring {
         scale,
@@ -434,35 +637,27 @@ fn layer_norm_backward_row<A: NormScalar>(
         inv_std,
     } = stats;
     if inv_std.is_infinite() {
-        singular_row(dy, dx, dgamma);
-        for (db, &dy) in dbeta.iter_mut().zip(dy) {
-            *db += dy.widen();
-        }
+        write_gradient::<A, V, _>((x, dy, weights), dx, partials, Singular::<true>);
         return;
     }
-    let norm = |x: f64| ((x * scale - base) - shift) * inv_std;
-    let [sum_g, sum_gn] = compensated_sums3(x, dy, weights, |x, dy, w| {
-        let g = gain(w) * dy;
-        [g, g * norm(x)]
-    });
+    let norm = Centre::<V>::new(scale, base, shift, inv_std);
+    let init = (BlockedSum::new(), BlockedSum::new());
+    let (g_sum, gn_sum) = fold_rows(x, dy, weights, init, LayerNormSums { norm, weight });
     let d = x.len() as f64;
-    let mean_g = sum_g / d;
-    let mean_gn = sum_gn / d;
-    let rstd = inv_std * scale;
-    let columns = dgamma.iter_mut().zip(dbeta.iter_mut());
-    let elements = dx.iter_mut().zip(x).zip(dy).zip(weights);
-    for ((((dx, &x), &dy), &w), (dg, db)) in elements.zip(columns) {
-        let (n, dy) = (norm(x.widen()), dy.widen());
-        let g = gain(w.widen()) * dy;
-        *dx = A::narrow(((g - mean_g) - n * mean_gn) * rstd);
-        *dg += dy * n;
-        *db += dy;
-    }
+    let gradient = LayerNormGradient {
+        norm,
+        weight,
+        mean_g: V::splat(g_sum.plain_total() / d),
+        mean_gn: V::splat(gn_sum.plain_total() / d),
+        rstd: V::splat(inv_std * scale),
+    };
+    write_gradient::<A, V, _>((x, dy, weights), dx, partials, gradient);
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
 /// `dy ⊙ n` to `partials.dgamma` in row order.
-pub(crate) fn rms_norm_backward_block<A: NormScalar>(
+#[inline(always)]
+pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
     x: &[A],
     dy: &[A],
     dx: &mut [A],
@@ -470,66 +665,72 @@ pub(crate) fn rms_norm_backward_block<A: NormScalar>(
     saved: Saved<'_, RowScaling>,
     partials: &mut Partials,
 ) {
-    let (weights, one_plus) = match gain {
-        Gain::Gamma(w) => (w, false),
-        Gain::OnePlus(w) => (w, true),
-    };
+    match gain {
+        Gain::Gamma(w) => rms_norm_backward_rows::<A, V, _>(x, dy, dx, w, AsIs, saved, partials),
+        Gain::OnePlus(w) => {
+            rms_norm_backward_rows::<A, V, _>(x, dy, dx, w, OnePlus, saved, partials)
+        }
+    }
+}
+
+#[inline(always)]
+fn rms_norm_backward_rows<A: NormScalar, V: Vector, W: Weight>(
+    x: &[A],
+    dy: &[A],
+    dx: &mut [A],
+    weights: &[A],
+    weight: W,
+    saved: Saved<'_, RowScaling>,
+    partials: &mut Partials,
+) {
     let d = weights.len();
     if d == 0 {
         return;
     }
     let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
     for (row, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
-        let stats = saved.row(row, x, RowScaling::of, RowScaling::NOT_FINITE);
-        let dgamma = &mut partials.dgamma[..];
-        if one_plus {
-            rms_norm_backward_row(x, dy, dx, weights, |w| 1.0 + w, stats, dgamma);
-        } else {
-            rms_norm_backward_row(x, dy, dx, weights, |w| w, stats, dgamma);
-        }
+        let stats = saved.row::<A, V>(row, x);
+        rms_norm_backward_row::<A, V, W>((x, dy, weights), dx, weight, stats, partials);
     }
 }
 
-#[inline(always)]
-fn rms_norm_backward_row<A: NormScalar>(
-    x: &[A],
-    dy: &[A],
+// Out of line in unoptimised builds only: there every vector temporary
+// gets its own stack slot, and a trampoline holding all the row kernels
+// would outgrow a test thread's stack. Optimised builds inline everything.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rms_norm_backward_row<A: NormScalar, V: Vector, W: Weight>(
+    (x, dy, weights): (&[A], &[A], &[A]),
     dx: &mut [A],
-    weights: &[A],
-    gain: impl Fn(f64) -> f64,
+    weight: W,
     stats: RowScaling,
-    dgamma: &mut [f64],
+    partials: &mut Partials,
 ) {
     let RowScaling { scale, inv_rms } = stats;
     if inv_rms.is_infinite() {
-        singular_row(dy, dx, dgamma);
+        write_gradient::<A, V, _>((x, dy, weights), dx, partials, Singular::<false>);
         return;
     }
-    let norm = |x: f64| (x * scale) * inv_rms;
-    let [sum_gn] = compensated_sums3(x, dy, weights, |x, dy, w| [(gain(w) * dy) * norm(x)]);
-    let mean_gn = sum_gn / x.len() as f64;
-    let rrms = inv_rms * scale;
-    let elements = dx.iter_mut().zip(x).zip(dy).zip(weights);
-    for ((((dx, &x), &dy), &w), dg) in elements.zip(dgamma.iter_mut()) {
-        let (n, dy) = (norm(x.widen()), dy.widen());
-        let g = gain(w.widen()) * dy;
-        *dx = A::narrow((g - n * mean_gn) * rrms);
-        *dg += dy * n;
-    }
-}
-
-/// A row without a derivative (`eps = 0` and a constant, or all-zero, row):
-/// `dx` is NaN, and the normalised output, 0 whatever the gain, adds
-/// `dy · 0` to `dγ` (0, or NaN for a non-finite `dy`).
-fn singular_row<A: NormScalar>(dy: &[A], dx: &mut [A], dgamma: &mut [f64]) {
-    dx.fill(A::nan());
-    for (dg, &dy) in dgamma.iter_mut().zip(dy) {
-        *dg += dy.widen() * 0.0;
-    }
+    let norm = Rescale::<V>::new(scale, inv_rms);
+    let gn_sum = fold_rows(
+        x,
+        dy,
+        weights,
+        BlockedSum::new(),
+        RmsNormSums { norm, weight },
+    );
+    let gradient = RmsNormGradient {
+        norm,
+        weight,
+        mean_gn: V::splat(gn_sum.plain_total() / x.len() as f64),
+        rrms: V::splat(inv_rms * scale),
+    };
+    write_gradient::<A, V, _>((x, dy, weights), dx, partials, gradient);
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::simd::Portable;
     use super::*;
 
     #[test]
@@ -545,34 +746,51 @@ mod tests {
     fn constant_row_keeps_its_value_as_mean() {
         // 0.1 + 0.1 + 0.1 = 0.30000000000000004 in f64, so a mean formed as
         // sum / d would not be 0.1.
-        let stats = RowCentring::of(&[0.1_f64, 0.1, 0.1], 0.25);
+        let stats = RowCentring::compute::<f64, Portable>(&[0.1, 0.1, 0.1], 0.25);
         assert_eq!(stats.mean(), 0.1);
         assert_eq!(stats.rstd(), 2.0);
-        assert_eq!(RowCentring::of(&[0.1_f64; 3], 0.0).rstd(), f64::INFINITY);
+        let singular = RowCentring::compute::<f64, Portable>(&[0.1; 3], 0.0);
+        assert_eq!(singular.rstd(), f64::INFINITY);
     }
 
     #[test]
     fn zero_row_without_eps_has_infinite_inverse_rms() {
-        assert_eq!(RowScaling::of(&[0.0_f32; 4], 0.0).rrms(), f64::INFINITY);
-        assert_eq!(RowScaling::of(&[0.0_f32; 4], 0.25).rrms(), 2.0);
+        let rrms = |eps| RowScaling::compute::<f32, Portable>(&[0.0; 4], eps).rrms();
+        assert_eq!(rrms(0.0), f64::INFINITY);
+        assert_eq!(rrms(0.25), 2.0);
     }
 
     #[test]
-    fn sums_of_three_rows_follow_the_lane_order() {
-        // Terms 2⁵³ then 1, 1, …: lane 0 receives elements 0, 8, 16, so its
-        // plain sum loses the ones after 2⁵³ but the compensated sum keeps
-        // them; elements 1..7 and 9.. land in other lanes.
-        let big = 2.0_f64.powi(53);
-        let a: Vec<f64> = (0..19).map(|i| if i == 0 { big } else { 1.0 }).collect();
-        let ones = vec![1.0; 19];
-        let [sum, count] = compensated_sums3(&a, &ones, &ones, |a, b, c| [a * b, b * c]);
-        assert_eq!(sum, big + 18.0);
-        assert_eq!(count, 19.0);
-        // The same order as feeding each element to lane i % LANES.
-        let mut reference = CompensatedSum::new();
-        for (i, &v) in a.iter().enumerate() {
-            reference.add(i % LANES, v);
+    fn partials_are_padded_to_whole_vectors() {
+        for (d, padded) in [(1, LANES), (LANES, LANES), (LANES + 1, 2 * LANES)] {
+            let partials = Partials::new(d);
+            assert_eq!(partials.dgamma.len(), padded);
+            assert_eq!(partials.dbeta.len(), padded);
         }
-        assert_eq!(sum.to_bits(), reference.total().to_bits());
+    }
+
+    /// `Σ gᵢ` of a LayerNorm row goes through the blocked sum: with
+    /// `n = 0` (x constant, eps > 0) the row sums are `Σ g` and 0, and
+    /// `dx = rstd · (g - mean(g))`. Terms 2⁵³ then ones: lane 0 gets
+    /// elements 0, 16, 32, …, whose plain sum would lose the ones after
+    /// 2⁵³ within a block; the block sums do too, but only within one
+    /// block of 8 vectors per lane, and the blocks' totals are compensated.
+    #[test]
+    fn row_sums_lose_at_most_a_block_per_lane() {
+        let d = 16 * LANES * BLOCK; // 16 blocks of 8 vectors
+        let big = 2.0_f64.powi(53);
+        let dy: Vec<f64> = (0..d).map(|i| if i == 0 { big } else { 1.0 }).collect();
+        let x = vec![3.0; d];
+        let w = vec![1.0; d];
+        let fold = LayerNormSums {
+            norm: Centre::<Portable>::new(1.0, 3.0, 0.0, 2.0),
+            weight: AsIs,
+        };
+        let init = (BlockedSum::new(), BlockedSum::new());
+        let (g_sum, gn_sum) = fold_rows(&x, &dy, &w, init, fold);
+        assert_eq!(gn_sum.plain_total(), 0.0);
+        // Lane 0 of the first block adds 2⁵³ + 1 + … (7 ones, all lost);
+        // every other term is kept.
+        assert_eq!(g_sum.plain_total(), big + (d - 1 - (BLOCK - 1)) as f64);
     }
 }

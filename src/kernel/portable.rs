@@ -91,7 +91,7 @@ impl Load for Scaled {
 
 /// A chunk-sized copy of `tail` (shorter than a chunk), padded with zeros.
 #[inline(always)]
-fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
+pub(super) fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
     let mut chunk = [A::zero(); LANES];
     for (slot, &value) in chunk.iter_mut().zip(tail) {
         *slot = value;
@@ -100,7 +100,7 @@ fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
 }
 
 /// Accumulator state that can keep only some lanes of an update.
-trait Blend: Copy {
+pub(super) trait Blend: Copy {
     /// Lanes below `active` from `self`, the others from `old`.
     fn blend(self, old: Self, active: usize) -> Self;
 }
@@ -123,7 +123,7 @@ impl<P: Blend, Q: Blend> Blend for (P, Q) {
 /// `#[inline(always)]` method rather than as a closure: a closure is compiled
 /// on its own, without the trampoline's target features, and the vector
 /// instructions inside it would then be calls.
-trait Fold<V>: Copy {
+pub(super) trait Fold<V>: Copy {
     type State: Blend;
     fn step(self, state: Self::State, value: V) -> Self::State;
     /// Called after every block of [`BLOCK`] vectors, and after the last.
@@ -134,7 +134,7 @@ trait Fold<V>: Copy {
 }
 
 /// Vectors per block of a [`BlockedSum`].
-const BLOCK: usize = 8;
+pub(super) const BLOCK: usize = 8;
 
 /// Folds over the row one vector at a time: element `i` goes to lane
 /// `i % LANES`. The last, partial chunk is padded with zeros, and only its
@@ -164,7 +164,7 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
 /// The lanes added by a fixed halving tree (lane `l` takes lane `l + w` for
 /// `w = LANES/2, LANES/4, …, 1`).
 #[inline(always)]
-fn lane_sum<V: Vector>(mut v: V) -> f64 {
+pub(super) fn lane_sum<V: Vector>(mut v: V) -> f64 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -187,7 +187,7 @@ fn lane_min_max<V: Vector>(mut min: V, mut max: V) -> (f64, f64) {
 
 /// Knuth's TwoSum: `sum + err == a + b` exactly, whatever the magnitudes.
 #[inline(always)]
-fn two_sum<T: Arith>(a: T, b: T) -> (T, T) {
+pub(super) fn two_sum<T: Arith>(a: T, b: T) -> (T, T) {
     let sum = a + b;
     let b_part = sum - a;
     let a_part = sum - b_part;
@@ -256,14 +256,14 @@ impl<V: Vector> Blend for CompensatedSum<V> {
 /// lane, about `BLOCK · 2⁻⁵³` of the sum of magnitudes, whatever the row
 /// length, at close to the cost of a plain sum.
 #[derive(Clone, Copy)]
-struct BlockedSum<V> {
+pub(super) struct BlockedSum<V> {
     block: V,
     total: CompensatedSum<V>,
 }
 
 impl<V: Vector> BlockedSum<V> {
     #[inline(always)]
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         BlockedSum {
             block: V::splat(0.0),
             total: CompensatedSum::new(),
@@ -271,7 +271,7 @@ impl<V: Vector> BlockedSum<V> {
     }
 
     #[inline(always)]
-    fn add(self, value: V) -> Self {
+    pub(super) fn add(self, value: V) -> Self {
         BlockedSum {
             block: self.block + value,
             total: self.total,
@@ -279,7 +279,7 @@ impl<V: Vector> BlockedSum<V> {
     }
 
     #[inline(always)]
-    fn flush(self) -> Self {
+    pub(super) fn flush(self) -> Self {
         BlockedSum {
             block: V::splat(0.0),
             total: self.total.add(self.block),
@@ -293,7 +293,7 @@ impl<V: Vector> BlockedSum<V> {
     /// few more roundings of the sum of magnitudes are affordable: the trees
     /// add at most `⌈log₂ LANES⌉ + 1` of them to the block sums' `BLOCK`.
     #[inline(always)]
-    fn plain_total(self) -> f64 {
+    pub(super) fn plain_total(self) -> f64 {
         lane_sum(self.total.high) + lane_sum(self.total.low)
     }
 }
@@ -555,6 +555,7 @@ fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
 }
 
 /// What the output pass of LayerNorm needs for one row.
+#[derive(Clone, Copy)]
 pub(super) enum Centring {
     /// `nᵢ = ((xᵢ · scale - base) - shift) · inv_std`.
     Centred {
@@ -600,7 +601,10 @@ const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 /// The variance needs no such care: its relative error, about
 /// `(BLOCK + d · shift² / Σ eᵢ²) · 2⁻⁵³`, stays far below `f32` precision.
 #[inline(always)]
-fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<Centring> {
+pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
+    x: &[A],
+    eps: f64,
+) -> Option<Centring> {
     let d = x.len() as f64;
     let first = first_loaded::<A, V, _>(x, Unscaled);
     let (sum, (min, max)) = fold_row(x, Unscaled, (V::splat(0.0), (first, first)), PlainSpread);
@@ -643,7 +647,7 @@ fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Opt
 
 /// LayerNorm statistics with the exact mean split of the module docs.
 #[inline(always)]
-fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
     let spread_ = spread::<A, V, _>(x, Unscaled);
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
@@ -782,18 +786,30 @@ fn rescaled_row_stats<A: NormScalar, V: Vector>(x: &[A], magnitude: f64) -> (f64
 
 /// Normalisation of one vector of inputs (a struct, not a closure, for the
 /// reason given at [`Fold`]).
-trait Normalise<V>: Copy {
+pub(super) trait Normalise<V>: Copy {
     fn apply(self, x: V) -> V;
 }
 
 /// `((x · scale - base) - shift) · inv_std`; the `scale` multiplication is
 /// skipped when it is 1 (multiplying by 1 is exact, so the bits agree).
 #[derive(Clone, Copy)]
-struct Centre<V> {
+pub(super) struct Centre<V> {
     scale: Option<V>,
     base: V,
     shift: V,
     inv_std: V,
+}
+
+impl<V: Vector> Centre<V> {
+    #[inline(always)]
+    pub(super) fn new(scale: f64, base: f64, shift: f64, inv_std: f64) -> Self {
+        Centre {
+            scale: optional_scale::<V>(scale),
+            base: V::splat(base),
+            shift: V::splat(shift),
+            inv_std: V::splat(inv_std),
+        }
+    }
 }
 
 impl<V: Vector> Normalise<V> for Centre<V> {
@@ -809,9 +825,19 @@ impl<V: Vector> Normalise<V> for Centre<V> {
 
 /// `(x · scale) · inv_rms`, the `scale` multiplication skipped when it is 1.
 #[derive(Clone, Copy)]
-struct Rescale<V> {
+pub(super) struct Rescale<V> {
     scale: Option<V>,
     inv_rms: V,
+}
+
+impl<V: Vector> Rescale<V> {
+    #[inline(always)]
+    pub(super) fn new(scale: f64, inv_rms: f64) -> Self {
+        Rescale {
+            scale: optional_scale::<V>(scale),
+            inv_rms: V::splat(inv_rms),
+        }
+    }
 }
 
 impl<V: Vector> Normalise<V> for Rescale<V> {
@@ -911,6 +937,7 @@ fn write_chunk<A: NormScalar, V: Vector, N: Normalise<V>>(
     match (affine, gamma, beta) {
         (Affine::ScaleShift(..), Some(g), Some(b)) => n * A::load(g) + A::load(b),
         (Affine::Scale(_), Some(g), _) => n * A::load(g),
+        (Affine::OnePlus(_), Some(w), _) => n * (A::load::<V>(w) + V::splat(1.0)),
         _ => n,
     }
 }
@@ -925,30 +952,33 @@ fn feature_chunks<A: NormScalar>(v: &[A]) -> (&[[A; LANES]], [A; LANES]) {
 /// LayerNorm of one row.
 #[inline(always)]
 pub(super) fn layer_norm_row<A: NormScalar, V: Vector>(
-    mut io: Io<'_, A>,
+    io: Io<'_, A>,
     affine: Affine<'_, A>,
     eps: f64,
 ) {
-    match centring::<A, V>(io.input(), eps) {
+    let centring = centring::<A, V>(io.input(), eps);
+    write_layer_norm::<A, V>(io, affine, centring);
+}
+
+/// Writes LayerNorm's output for the row's `centring`.
+#[inline(always)]
+pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
+    mut io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    centring: Centring,
+) {
+    match centring {
         Centring::Centred {
             scale,
             base,
             shift,
             inv_std,
-        } => {
-            let norm = Centre {
-                scale: optional_scale::<V>(scale),
-                base: V::splat(base),
-                shift: V::splat(shift),
-                inv_std: V::splat(inv_std),
-            };
-            write_row(io, affine, norm);
-        }
+        } => write_row(io, affine, Centre::<V>::new(scale, base, shift, inv_std)),
         // The normalised value is exactly 0, so the output is exactly beta
         // (copied, so that even the sign of a zero beta survives).
         Centring::Constant => match affine {
             Affine::ScaleShift(_, beta) => io.output().copy_from_slice(beta),
-            Affine::Identity | Affine::Scale(_) => io.output().fill(A::zero()),
+            Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => io.output().fill(A::zero()),
         },
         Centring::NotFinite => io.output().fill(A::nan()),
     }
@@ -957,18 +987,24 @@ pub(super) fn layer_norm_row<A: NormScalar, V: Vector>(
 /// RMSNorm of one row.
 #[inline(always)]
 pub(super) fn rms_norm_row<A: NormScalar, V: Vector>(
-    mut io: Io<'_, A>,
+    io: Io<'_, A>,
     affine: Affine<'_, A>,
     eps: f64,
 ) {
-    match rms_scaling::<A, V>(io.input(), eps) {
-        Some((scale, inv_rms)) => {
-            let norm = Rescale {
-                scale: optional_scale::<V>(scale),
-                inv_rms: V::splat(inv_rms),
-            };
-            write_row(io, affine, norm);
-        }
+    let scaling = rms_scaling::<A, V>(io.input(), eps);
+    write_rms_norm::<A, V>(io, affine, scaling);
+}
+
+/// Writes RMSNorm's output for the row's scaling (`None`: the row holds a
+/// NaN or an infinity).
+#[inline(always)]
+pub(super) fn write_rms_norm<A: NormScalar, V: Vector>(
+    mut io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    scaling: Option<(f64, f64)>,
+) {
+    match scaling {
+        Some((scale, inv_rms)) => write_row(io, affine, Rescale::<V>::new(scale, inv_rms)),
         None => io.output().fill(A::nan()),
     }
 }
