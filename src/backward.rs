@@ -8,7 +8,7 @@ use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, RemoveAxis};
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::{
-    ColumnSum, Gain, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
+    ColumnSum, Gain, Inputs, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
 };
 use crate::kernel::{self, Affine, Isa};
 use crate::scalar::NormScalar;
@@ -352,6 +352,95 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ) -> Result<LayerNormGrads<A, D>, NormError>
     where
         D: RemoveAxis;
+
+    /// Writes `dx` into `dx` (an array of the input's shape, any layout)
+    /// and returns `(dgamma, dbeta)`, with the bits of
+    /// [`layer_norm_backward`](Self::layer_norm_backward). Nothing of the
+    /// input's size is allocated, so a training loop can reuse its gradient
+    /// buffer.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[2.0_f64, 4.0, 6.0, 8.0]];
+    /// let (dy, gamma) = (array![[1.0, 0.0, 0.0, 0.0]], array![1.0, 1.0, 1.0, 1.0]);
+    /// let mut dx = Array2::zeros((1, 4));
+    /// let (dgamma, dbeta) = x.layer_norm_backward_into(&mut dx, &dy, &gamma, 0.0)?;
+    /// let grads = x.layer_norm_backward(&dy, &gamma, 0.0)?;
+    /// assert_eq!((dx, dgamma, dbeta), (grads.dx, grads.dgamma, grads.dbeta));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn layer_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>;
+
+    /// Writes `dx` into `dx` and returns `(dgamma, dbeta)`, from the
+    /// statistics that [`layer_norm_train`](Self::layer_norm_train) saved,
+    /// with the bits of
+    /// [`layer_norm_backward_with_stats`](Self::layer_norm_backward_with_stats).
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
+    ///   were computed for an input of another shape.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[1.0_f32, 2.0, 4.0], [3.0, -1.0, 0.5]];
+    /// let (gamma, beta) = (array![1.0, 0.5, 2.0], array![0.0, 0.0, 0.0]);
+    /// let (y, stats) = x.layer_norm_train(&gamma, &beta, 1e-5)?;
+    /// let mut dx = Array2::zeros((2, 3));
+    /// let (dgamma, dbeta) = x.layer_norm_backward_with_stats_into(&mut dx, &y, &gamma, &stats)?;
+    /// assert_eq!(dx, x.layer_norm_backward(&y, &gamma, 1e-5)?.dx);
+    /// # let _ = (dgamma, dbeta);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn layer_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &LayerNormStats<D::Smaller>,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    where
+        D: RemoveAxis;
 }
 
 /// RMSNorm for training: the forward pass that keeps each row's statistics,
@@ -474,6 +563,92 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ) -> Result<RmsNormGrads<A, D>, NormError>
     where
         D: RemoveAxis;
+
+    /// Writes `dx` into `dx` (an array of the input's shape, any layout)
+    /// and returns `dgamma`, with the bits of
+    /// [`rms_norm_backward`](Self::rms_norm_backward). Nothing of the
+    /// input's size is allocated.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[3.0_f64, 4.0]];
+    /// let mut dx = Array2::zeros((1, 2));
+    /// let dgamma = x.rms_norm_backward_into(&mut dx, &array![[1.0, 0.0]], &array![1.0, 1.0], 0.0)?;
+    /// let r = 2.0_f64.sqrt() / 5.0; // 1/√12.5
+    /// assert!(dx.abs_diff_eq(&array![[16.0 * r / 25.0, -12.0 * r / 25.0]], 1e-15));
+    /// assert!(dgamma.abs_diff_eq(&array![3.0 * r, 0.0], 1e-15));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<Array1<A>, NormError>;
+
+    /// Writes `dx` into `dx` and returns `dgamma`, from the statistics that
+    /// [`rms_norm_train`](Self::rms_norm_train) saved, with the bits of
+    /// [`rms_norm_backward_with_stats`](Self::rms_norm_backward_with_stats).
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
+    ///   were computed for an input of another shape.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[0.5_f32, -1.0, 2.0]];
+    /// let gamma = array![1.0, 2.0, 0.5];
+    /// let (_y, stats) = x.rms_norm_train(&gamma, 1e-6)?;
+    /// let dy = array![[0.1, 0.2, -0.3]];
+    /// let mut dx = Array2::zeros((1, 3));
+    /// let dgamma = x.rms_norm_backward_with_stats_into(&mut dx, &dy, &gamma, &stats)?;
+    /// let grads = x.rms_norm_backward(&dy, &gamma, 1e-6)?;
+    /// assert_eq!((dx, dgamma), (grads.dx, grads.dgamma));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &RmsNormStats<D::Smaller>,
+    ) -> Result<Array1<A>, NormError>
+    where
+        D: RemoveAxis;
 }
 
 impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> {
@@ -536,6 +711,51 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
             0.0,
         ))
     }
+
+    fn layer_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array1<A>, Array1<A>), NormError> {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        let eps = check::eps(eps)?;
+        Ok(layer_norm_grads_into(
+            self,
+            dy,
+            dx,
+            d,
+            Gain::Gamma(&gamma),
+            None,
+            eps,
+        ))
+    }
+
+    fn layer_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &LayerNormStats<D::Smaller>,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    where
+        D: RemoveAxis,
+    {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        Ok(layer_norm_grads_into(
+            self,
+            dy,
+            dx,
+            d,
+            Gain::Gamma(&gamma),
+            Some(&in_row_order(&stats.rows)),
+            0.0,
+        ))
+    }
 }
 
 impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
@@ -578,6 +798,51 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         Ok(rms_norm_grads(
             self,
             dy,
+            d,
+            Gain::Gamma(&gamma),
+            Some(&in_row_order(&stats.rows)),
+            0.0,
+        ))
+    }
+
+    fn rms_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<Array1<A>, NormError> {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        let eps = check::eps(eps)?;
+        Ok(rms_norm_grads_into(
+            self,
+            dy,
+            dx,
+            d,
+            Gain::Gamma(&gamma),
+            None,
+            eps,
+        ))
+    }
+
+    fn rms_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &RmsNormStats<D::Smaller>,
+    ) -> Result<Array1<A>, NormError>
+    where
+        D: RemoveAxis,
+    {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        Ok(rms_norm_grads_into(
+            self,
+            dy,
+            dx,
             d,
             Gain::Gamma(&gamma),
             Some(&in_row_order(&stats.rows)),
@@ -659,14 +924,36 @@ pub(crate) fn layer_norm_grads<A: NormScalar, D: Dimension>(
     saved: Option<&[RowCentring]>,
     eps: f64,
 ) -> LayerNormGrads<A, D> {
-    let (dx, dgamma, dbeta) = backward_blocks(x, dy, d, |isa, first, x, dy, dx, partials| {
+    let mut dx = Array::zeros(x.raw_dim());
+    let (dgamma, dbeta) = layer_norm_grads_into(x, dy, &mut dx, d, gain, saved, eps);
+    LayerNormGrads { dx, dgamma, dbeta }
+}
+
+/// [`layer_norm_grads`] with `dx` written into a validated array of the
+/// input's shape; returns `(dgamma, dbeta)`.
+pub(crate) fn layer_norm_grads_into<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    dx: &mut ArrayRef<A, D>,
+    d: usize,
+    gain: Gain<'_, A>,
+    saved: Option<&[RowCentring]>,
+    eps: f64,
+) -> (Array1<A>, Array1<A>) {
+    let gain = gain.widened();
+    backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
         };
-        kernel::layer_norm_backward_block(isa, x, dy, dx, gain, saved, partials);
-    });
-    LayerNormGrads { dx, dgamma, dbeta }
+        let inputs = Inputs {
+            x,
+            dy,
+            d,
+            gain: &gain,
+        };
+        kernel::layer_norm_backward_block(isa, inputs, dx, saved, partials);
+    })
 }
 
 /// The RMSNorm gradients of validated arguments, from `saved` statistics
@@ -679,14 +966,37 @@ pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
     saved: Option<&[RowScaling]>,
     eps: f64,
 ) -> RmsNormGrads<A, D> {
-    let (dx, dgamma, _) = backward_blocks(x, dy, d, |isa, first, x, dy, dx, partials| {
+    let mut dx = Array::zeros(x.raw_dim());
+    let dgamma = rms_norm_grads_into(x, dy, &mut dx, d, gain, saved, eps);
+    RmsNormGrads { dx, dgamma }
+}
+
+/// [`rms_norm_grads`] with `dx` written into a validated array of the
+/// input's shape; returns `dgamma`.
+pub(crate) fn rms_norm_grads_into<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    dx: &mut ArrayRef<A, D>,
+    d: usize,
+    gain: Gain<'_, A>,
+    saved: Option<&[RowScaling]>,
+    eps: f64,
+) -> Array1<A> {
+    let gain = gain.widened();
+    let (dgamma, _) = backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
         };
-        kernel::rms_norm_backward_block(isa, x, dy, dx, gain, saved, partials);
+        let inputs = Inputs {
+            x,
+            dy,
+            d,
+            gain: &gain,
+        };
+        kernel::rms_norm_backward_block(isa, inputs, dx, saved, partials);
     });
-    RmsNormGrads { dx, dgamma }
+    dgamma
 }
 
 /// The saved entries in row order (borrowed: the arrays are built in
@@ -724,7 +1034,9 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
             let rows = (x_block.len() / d.max(1)).min(BLOCK_ROWS);
             let block_stats = &mut block_stats[..rows];
             block(isa, x_block, ys.next_block(BLOCK_ROWS), block_stats);
-            for (slot, &row) in (&mut slots).zip(block_stats.iter()) {
+            // The block's entries first: `zip` takes an item from its first
+            // iterator before it finds the second one exhausted.
+            for (&row, slot) in block_stats.iter().zip(&mut slots) {
                 *slot = row;
             }
         }
@@ -732,7 +1044,7 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
     (y, stats)
 }
 
-/// The backward row walk: hands `block(first_row, x, dy, dx, partials)`
+/// The backward row walk: hands `block(isa, first_row, x, dy, dx, partials)`
 /// [`BLOCK_ROWS`] consecutive rows at a time (in logical order, contiguous,
 /// whatever the layout), with `partials` at 0, then adds the block's
 /// partials to the totals in block order. Each block depends only on its
@@ -741,18 +1053,18 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
 fn backward_blocks<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
+    dx: &mut ArrayRef<A, D>,
     d: usize,
     mut block: impl FnMut(Isa, usize, &[A], &[A], &mut [A], &mut Partials),
-) -> (Array<A, D>, Array1<A>, Array1<A>) {
+) -> (Array1<A>, Array1<A>) {
     let isa = Isa::detect();
-    let mut dx = Array::zeros(x.raw_dim());
     let mut dgamma = ColumnSum::new(d);
     let mut dbeta = ColumnSum::new(d);
     let mut partials = Partials::new(d);
     {
         let mut xs = RowBlocks::new(x, d);
         let mut dys = RowBlocks::new(dy, d);
-        let mut dxs = RowBlocksMut::new(&mut dx, d);
+        let mut dxs = RowBlocksMut::new(dx, d);
         let mut first = 0;
         loop {
             let x_block = xs.next_block(BLOCK_ROWS);
@@ -773,9 +1085,5 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
             first += BLOCK_ROWS;
         }
     }
-    (
-        dx,
-        Array1::from(dgamma.total()),
-        Array1::from(dbeta.total()),
-    )
+    (Array1::from(dgamma.total()), Array1::from(dbeta.total()))
 }

@@ -685,3 +685,101 @@ fn statistics_of_another_input_shape_are_rejected() {
         })
     ));
 }
+
+// ---------------------------------------------------------------------------
+// The `_into` forms.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn into_forms_give_the_bits_of_the_allocating_forms_in_any_output_layout() {
+    let (rows, d) = (70, 19); // two blocks of rows, a partial vector per row
+    let x = Array2::from_shape_vec((rows, d), noise(51, rows * d)).unwrap();
+    let dy = Array2::from_shape_vec((rows, d), noise(52, rows * d)).unwrap();
+    let gamma = Array1::from(noise(53, d));
+    let (_, stats) = x.layer_norm_train(&gamma, &gamma, 1e-5).unwrap();
+    let (_, rms_stats) = x.rms_norm_train(&gamma, 1e-5).unwrap();
+    let grads = x.layer_norm_backward(&dy, &gamma, 1e-5).unwrap();
+    let rms = x.rms_norm_backward(&dy, &gamma, 1e-5).unwrap();
+
+    let mut c_order = Array2::from_elem((rows, d), 7.0);
+    let mut fortran = Array2::from_elem((rows, d).f(), 7.0);
+    let mut wide = Array2::from_elem((rows, 2 * d), 7.0);
+    let mut outputs = [
+        c_order.view_mut(),
+        fortran.view_mut(),
+        wide.slice_mut(s![.., ..;2]),
+    ];
+    for dx in &mut outputs {
+        let (dgamma, dbeta) = x.layer_norm_backward_into(dx, &dy, &gamma, 1e-5).unwrap();
+        assert_eq!(bits64(dx), bits64(&grads.dx));
+        assert_eq!(bits64(&dgamma), bits64(&grads.dgamma));
+        assert_eq!(bits64(&dbeta), bits64(&grads.dbeta));
+        dx.fill(7.0);
+        let (dgamma, dbeta) = x
+            .layer_norm_backward_with_stats_into(dx, &dy, &gamma, &stats)
+            .unwrap();
+        assert_eq!(bits64(dx), bits64(&grads.dx));
+        assert_eq!(bits64(&dgamma), bits64(&grads.dgamma));
+        assert_eq!(bits64(&dbeta), bits64(&grads.dbeta));
+
+        dx.fill(7.0);
+        let dgamma = x.rms_norm_backward_into(dx, &dy, &gamma, 1e-5).unwrap();
+        assert_eq!(bits64(dx), bits64(&rms.dx));
+        assert_eq!(bits64(&dgamma), bits64(&rms.dgamma));
+        dx.fill(7.0);
+        let dgamma = x
+            .rms_norm_backward_with_stats_into(dx, &dy, &gamma, &rms_stats)
+            .unwrap();
+        assert_eq!(bits64(dx), bits64(&rms.dx));
+        assert_eq!(bits64(&dgamma), bits64(&rms.dgamma));
+    }
+    // The columns the strided view skips are untouched.
+    assert!(wide.slice(s![.., 1..;2]).iter().all(|&v| v == 7.0));
+}
+
+#[test]
+fn into_forms_reject_an_output_of_another_shape_and_leave_it_untouched() {
+    let x = Array2::<f32>::ones((2, 3));
+    let gamma = array![1.0, 1.0, 1.0];
+    let mut dx = Array2::from_elem((3, 2), 5.0_f32);
+    let expected = NormError::ShapeMismatch {
+        operand: Operand::Output,
+        expected: vec![2, 3],
+        found: vec![3, 2],
+    };
+    assert_eq!(
+        x.layer_norm_backward_into(&mut dx, &x, &gamma, 1e-5),
+        Err(expected.clone())
+    );
+    assert_eq!(
+        x.rms_norm_backward_into(&mut dx, &x, &gamma, 1e-5),
+        Err(expected.clone())
+    );
+    let (_, stats) = x.layer_norm_train(&gamma, &gamma, 1e-5).unwrap();
+    assert_eq!(
+        x.layer_norm_backward_with_stats_into(&mut dx, &x, &gamma, &stats),
+        Err(expected.clone())
+    );
+    let (_, rms_stats) = x.rms_norm_train(&gamma, 1e-5).unwrap();
+    assert_eq!(
+        x.rms_norm_backward_with_stats_into(&mut dx, &x, &gamma, &rms_stats),
+        Err(expected)
+    );
+    // dy is checked before the output, the output before eps.
+    let mut right = Array2::from_elem((2, 3), 5.0_f32);
+    assert!(matches!(
+        x.layer_norm_backward_into(&mut right, &dx, &gamma, -1.0),
+        Err(NormError::ShapeMismatch {
+            operand: Operand::Gradient,
+            ..
+        })
+    ));
+    assert!(matches!(
+        x.layer_norm_backward_into(&mut dx, &x, &gamma, -1.0),
+        Err(NormError::ShapeMismatch {
+            operand: Operand::Output,
+            ..
+        })
+    ));
+    assert!(dx.iter().chain(&right).all(|&v| v == 5.0));
+}

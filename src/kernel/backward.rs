@@ -52,8 +52,10 @@
 //! fused multiply-add is used.
 
 use super::portable::{
-    exact_centring, padded, rms_scaling, single_precision_centring, two_sum, write_layer_norm,
-    write_rms_norm, Blend, BlockedSum, Centre, Centring, Fold, Normalise, Rescale, BLOCK,
+    centring_first_pass, exact_centring, inverse_root, padded, rescaled_centring,
+    rescaled_rms_scaling, rms_from_squares, rms_scaling, single_precision_centring, two_sum,
+    variance, write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Variance,
+    BLOCK,
 };
 use super::simd::{Vector, LANES};
 use super::{Affine, Io};
@@ -179,32 +181,6 @@ fn constant_inverse_root(eps: f64) -> f64 {
     }
 }
 
-/// Row statistics that backward can compute itself.
-pub(crate) trait RowStatistics: Copy {
-    /// The statistics of a row that has none.
-    const MISSING: Self;
-    /// The statistics of row `x` (non-empty).
-    fn compute<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Self;
-}
-
-impl RowStatistics for RowCentring {
-    const MISSING: Self = RowCentring::NOT_FINITE;
-    // See `layer_norm_backward_row`.
-    #[cfg_attr(debug_assertions, inline(never))]
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn compute<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Self {
-        Self::from_centring(x, exact_centring::<A, V>(x, eps), eps)
-    }
-}
-
-impl RowStatistics for RowScaling {
-    const MISSING: Self = RowScaling::NOT_FINITE;
-    #[inline(always)]
-    fn compute<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Self {
-        Self::from_scaling(rms_scaling::<A, V>(x, eps))
-    }
-}
-
 /// How a stored per-feature weight scales the normalised row.
 #[derive(Clone, Copy)]
 pub(crate) enum Gain<'a, A> {
@@ -214,7 +190,26 @@ pub(crate) enum Gain<'a, A> {
     OnePlus(&'a [A]),
 }
 
-impl<'a, A> Gain<'a, A> {
+impl<'a, A: NormScalar> Gain<'a, A> {
+    /// The gains `γ` or `1 + w` in `f64`, padded with zeros to whole
+    /// vectors, as the backward kernels take them.
+    pub(crate) fn widened(self) -> Vec<f64> {
+        let (Gain::Gamma(weights) | Gain::OnePlus(weights)) = self;
+        let one = match self {
+            Gain::Gamma(_) => None,
+            Gain::OnePlus(_) => Some(1.0),
+        };
+        let mut gain: Vec<f64> = weights
+            .iter()
+            .map(|w| match one {
+                Some(one) => one + w.widen(),
+                None => w.widen(),
+            })
+            .collect();
+        gain.resize(weights.len().div_ceil(LANES) * LANES, 0.0);
+        gain
+    }
+
     /// The forward pass's affine part for this gain.
     pub(crate) fn affine(self) -> Affine<'a, A> {
         match self {
@@ -222,6 +217,17 @@ impl<'a, A> Gain<'a, A> {
             Gain::OnePlus(w) => Affine::OnePlus(w),
         }
     }
+}
+
+/// What a backward block reads: `x` and `dy` (the same number of rows of
+/// length `d`) and the `d` gains (`γ` or `1 + w`) in `f64`, padded with
+/// zeros to whole vectors ([`Gain::widened`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Inputs<'a, A> {
+    pub(crate) x: &'a [A],
+    pub(crate) dy: &'a [A],
+    pub(crate) d: usize,
+    pub(crate) gain: &'a [f64],
 }
 
 /// Where a block's row statistics come from.
@@ -233,29 +239,23 @@ pub(crate) enum Saved<'a, T> {
     Rows(&'a [T]),
 }
 
-impl<T: RowStatistics> Saved<'_, T> {
-    #[inline(always)]
-    fn row<A: NormScalar, V: Vector>(self, row: usize, x: &[A]) -> T {
-        match self {
-            Saved::Compute(eps) => T::compute::<A, V>(x, eps),
-            Saved::Rows(rows) => rows.get(row).copied().unwrap_or(T::MISSING),
-        }
-    }
-}
-
 /// One block's per-feature partial sums over its rows, each padded with
-/// zeros to whole vectors so that the kernels load and store them as such.
+/// zeros to whole vectors so that the kernels load and store them as such,
+/// and the scratch row in which backward keeps a row's [`Terms`] between
+/// its two passes (in cache: it holds one row).
 pub(crate) struct Partials {
     pub(crate) dgamma: Vec<f64>,
     pub(crate) dbeta: Vec<f64>,
+    row: Vec<Terms>,
 }
 
 impl Partials {
     pub(crate) fn new(d: usize) -> Self {
-        let padded = d.div_ceil(LANES) * LANES;
+        let chunks = d.div_ceil(LANES);
         Partials {
-            dgamma: vec![0.0; padded],
-            dbeta: vec![0.0; padded],
+            dgamma: vec![0.0; chunks * LANES],
+            dbeta: vec![0.0; chunks * LANES],
+            row: vec![[[0.0; LANES]; 3]; chunks],
         }
     }
 
@@ -356,155 +356,189 @@ pub(super) fn rms_norm_train_block<A: NormScalar, V: Vector>(
     }
 }
 
-/// How the stored weight becomes the gain (a type, so that the kernels are
-/// compiled once per kind without a branch per element).
-trait Weight: Copy {
-    fn gain<V: Vector>(self, w: V) -> V;
+/// One chunk of a row's terms in `f64`, kept in [`Partials`] between the
+/// two passes of backward: the deviation `e` (LayerNorm: `x · scale - base`;
+/// RMSNorm: `x · scale`), `g = gain ⊙ dy`, and `dy`.
+pub(crate) type Terms = [[f64; LANES]; 3];
+
+/// How pass A turns a vector of `x` into the deviation `e` (a struct, not
+/// a closure, for the reason given at [`Fold`](super::portable)).
+trait Deviate<V>: Copy {
+    fn deviation(self, x: V) -> V;
 }
 
-/// The weight is the gain `γ`.
+/// LayerNorm's `e = x · scale - base`, the multiplication skipped when
+/// `scale` is 1 (exact, so the bits agree).
 #[derive(Clone, Copy)]
-struct AsIs;
+struct FromBase<V> {
+    scale: Option<V>,
+    base: V,
+}
 
-impl Weight for AsIs {
+impl<V: Vector> Deviate<V> for FromBase<V> {
     #[inline(always)]
-    fn gain<V: Vector>(self, w: V) -> V {
-        w
+    fn deviation(self, x: V) -> V {
+        match self.scale {
+            Some(scale) => x * scale - self.base,
+            None => x - self.base,
+        }
     }
 }
 
-/// The gain is `1 + w`.
+/// RMSNorm's `e = x · scale`, skipped when `scale` is 1.
 #[derive(Clone, Copy)]
-struct OnePlus;
+struct Scaled<V> {
+    scale: Option<V>,
+}
 
-impl Weight for OnePlus {
+impl<V: Vector> Deviate<V> for Scaled<V> {
     #[inline(always)]
-    fn gain<V: Vector>(self, w: V) -> V {
-        w + V::splat(1.0)
+    fn deviation(self, x: V) -> V {
+        match self.scale {
+            Some(scale) => x * scale,
+            None => x,
+        }
     }
 }
 
-/// Folds over three rows of one length at once (`x`, `dy` and the weights),
-/// in the order of [`fold_row`](super::portable): element `i` in lane
-/// `i % LANES`, a flush after every [`BLOCK`] vectors, the last partial
-/// chunk padded with zeros and only its real lanes kept.
+/// `Some(splat(scale))` unless `scale` is 1.
 #[inline(always)]
-fn fold_rows<A: NormScalar, V: Vector, F: Fold<(V, V, V)>>(
-    x: &[A],
-    dy: &[A],
-    w: &[A],
-    init: F::State,
-    fold: F,
-) -> F::State {
+fn optional<V: Vector>(scale: f64) -> Option<V> {
+    (scale != 1.0).then(|| V::splat(scale))
+}
+
+/// The row sums of pass A: `Σ gᵢ`, `Σ gᵢ eᵢ` and `Σ eᵢ²`, each a
+/// [`BlockedSum`] (element `i` in lane `i % LANES`).
+type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
+
+/// Pass A over a row: reads `x` and `dy` once, stores each chunk's
+/// [`Terms`] in `row`, and returns the row sums; `Σ gᵢ` only if `G_SUM`,
+/// `Σ eᵢ²` only if `SQUARES` (the others stay 0). The order is that of
+/// `fold_row`: a flush after every [`BLOCK`] vectors, the last partial chunk
+/// padded with zeros and only its real lanes kept. `gain` and `row` are
+/// padded to whole vectors.
+#[inline(always)]
+fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUARES: bool>(
+    (x, dy, gain): (&[A], &[A], &[f64]),
+    row: &mut [Terms],
+    deviate: E,
+) -> RowSums<V> {
+    #[inline(always)]
+    fn step<V: Vector, const G_SUM: bool, const SQUARES: bool>(
+        ((g_sum, ge_sum), squares): RowSums<V>,
+        (e, dy, gain): (V, V, V),
+        terms: &mut Terms,
+    ) -> RowSums<V> {
+        let g = gain * dy;
+        let [e_out, g_out, dy_out] = terms;
+        e.store_f64(e_out);
+        g.store_f64(g_out);
+        dy.store_f64(dy_out);
+        let g_sum = if G_SUM { g_sum.add(g) } else { g_sum };
+        let squares = if SQUARES { squares.add(e * e) } else { squares };
+        ((g_sum, ge_sum.add(g * e)), squares)
+    }
+    #[inline(always)]
+    fn flush<V: Vector>(((g_sum, ge_sum), squares): RowSums<V>) -> RowSums<V> {
+        ((g_sum.flush(), ge_sum.flush()), squares.flush())
+    }
+
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
-    let (w_chunks, w_tail) = w.as_chunks::<LANES>();
-    let mut state = init;
-    let blocks = x_chunks
-        .chunks(BLOCK)
-        .zip(dy_chunks.chunks(BLOCK))
-        .zip(w_chunks.chunks(BLOCK));
-    for ((x, dy), w) in blocks {
-        for ((x, dy), w) in x.iter().zip(dy).zip(w) {
-            state = fold.step(state, (A::load(x), A::load(dy), A::load(w)));
+    let (gain_chunks, _) = gain.as_chunks::<LANES>();
+    let mut outputs = gain_chunks.iter().zip(row.iter_mut());
+    let zero = BlockedSum::new();
+    let mut sums = ((zero, zero), zero);
+    for (x, dy) in x_chunks.chunks(BLOCK).zip(dy_chunks.chunks(BLOCK)) {
+        for ((x, dy), (gain, terms)) in x.iter().zip(dy).zip(&mut outputs) {
+            let values = (
+                deviate.deviation(A::load(x)),
+                A::load(dy),
+                V::load_f64(gain),
+            );
+            sums = step::<V, G_SUM, SQUARES>(sums, values, terms);
         }
-        state = fold.flush(state);
+        sums = flush(sums);
     }
     if !x_tail.is_empty() {
-        let values = (
-            A::load(&padded(x_tail)),
-            A::load(&padded(dy_tail)),
-            A::load(&padded(w_tail)),
-        );
-        let update = fold.flush(fold.step(state, values));
-        state = update.blend(state, x_tail.len());
+        if let Some((gain, terms)) = outputs.next() {
+            let values = (
+                deviate.deviation(A::load(&padded(x_tail))),
+                A::load(&padded(dy_tail)),
+                V::load_f64(gain),
+            );
+            let update = flush(step::<V, G_SUM, SQUARES>(sums, values, terms));
+            sums = update.blend(sums, x_tail.len());
+        }
     }
-    state
+    sums
 }
 
-/// Blocked `Σ gᵢ` and `Σ gᵢ nᵢ` of a LayerNorm row.
-#[derive(Clone, Copy)]
-struct LayerNormSums<V, W> {
-    norm: Centre<V>,
-    weight: W,
+/// `Σ (eᵢ - shift)²` over the stored deviations of a row of `d` elements,
+/// blocked as `fold_row` sums `((xᵢ - base) - shift)²`: the same terms in
+/// the same order.
+#[inline(always)]
+fn centred_squares<V: Vector>(row: &[Terms], d: usize, shift: f64) -> f64 {
+    let shift = V::splat(shift);
+    let (full, tail) = (d / LANES, d % LANES);
+    let mut squares = BlockedSum::<V>::new();
+    for block in row.get(..full).unwrap_or_default().chunks(BLOCK) {
+        for [e, _, _] in block {
+            let dev = V::load_f64(e) - shift;
+            squares = squares.add(dev * dev);
+        }
+        squares = squares.flush();
+    }
+    if tail > 0 {
+        if let Some([e, _, _]) = row.get(full) {
+            let dev = V::load_f64(e) - shift;
+            squares = squares.add(dev * dev).flush().blend(squares, tail);
+        }
+    }
+    squares.plain_total()
 }
 
-impl<V: Vector, W: Weight> Fold<(V, V, V)> for LayerNormSums<V, W> {
-    type State = (BlockedSum<V>, BlockedSum<V>);
-    #[inline(always)]
-    fn step(self, (g_sum, gn_sum): Self::State, (x, dy, w): (V, V, V)) -> Self::State {
-        let g = self.weight.gain(w) * dy;
-        (g_sum.add(g), gn_sum.add(g * self.norm.apply(x)))
-    }
-    #[inline(always)]
-    fn flush(self, (g_sum, gn_sum): Self::State) -> Self::State {
-        (g_sum.flush(), gn_sum.flush())
-    }
-}
-
-/// Blocked `Σ gᵢ nᵢ` of an RMSNorm row.
-#[derive(Clone, Copy)]
-struct RmsNormSums<V, W> {
-    norm: Rescale<V>,
-    weight: W,
-}
-
-impl<V: Vector, W: Weight> Fold<(V, V, V)> for RmsNormSums<V, W> {
-    type State = BlockedSum<V>;
-    #[inline(always)]
-    fn step(self, gn_sum: Self::State, (x, dy, w): (V, V, V)) -> Self::State {
-        gn_sum.add((self.weight.gain(w) * dy) * self.norm.apply(x))
-    }
-    #[inline(always)]
-    fn flush(self, gn_sum: Self::State) -> Self::State {
-        gn_sum.flush()
-    }
-}
-
-/// One vector of a row's gradient (a struct, not a closure, for the reason
-/// given at [`Fold`]).
+/// One vector of a row's `dx` in pass B (a struct, not a closure).
 trait Gradient<V>: Copy {
     /// Whether the row adds `dy` to `dβ`.
     const WITH_BETA: bool;
-    /// `(dx, n)` for one vector of `x`, `dy` and the weights.
-    fn apply(self, x: V, dy: V, w: V) -> (V, V);
+    /// `(dx, n)` from a vector of deviations and of `g`.
+    fn apply(self, e: V, g: V) -> (V, V);
 }
 
-/// `dxᵢ = ((gᵢ - mean(g)) - nᵢ · mean(g ⊙ n)) · rstd`.
+/// LayerNorm: `n = (e - shift) · inv_std`,
+/// `dx = ((g - mean(g)) - n · mean(g ⊙ n)) · rstd`.
 #[derive(Clone, Copy)]
-struct LayerNormGradient<V, W> {
-    norm: Centre<V>,
-    weight: W,
+struct LayerNormGradient<V> {
+    shift: V,
+    inv_std: V,
     mean_g: V,
     mean_gn: V,
     rstd: V,
 }
 
-impl<V: Vector, W: Weight> Gradient<V> for LayerNormGradient<V, W> {
+impl<V: Vector> Gradient<V> for LayerNormGradient<V> {
     const WITH_BETA: bool = true;
     #[inline(always)]
-    fn apply(self, x: V, dy: V, w: V) -> (V, V) {
-        let n = self.norm.apply(x);
-        let g = self.weight.gain(w) * dy;
+    fn apply(self, e: V, g: V) -> (V, V) {
+        let n = (e - self.shift) * self.inv_std;
         (((g - self.mean_g) - n * self.mean_gn) * self.rstd, n)
     }
 }
 
-/// `dxᵢ = (gᵢ - nᵢ · mean(g ⊙ n)) · rrms`.
+/// RMSNorm: `n = e · inv_rms`, `dx = (g - n · mean(g ⊙ n)) · rrms`.
 #[derive(Clone, Copy)]
-struct RmsNormGradient<V, W> {
-    norm: Rescale<V>,
-    weight: W,
+struct RmsNormGradient<V> {
+    inv_rms: V,
     mean_gn: V,
     rrms: V,
 }
 
-impl<V: Vector, W: Weight> Gradient<V> for RmsNormGradient<V, W> {
+impl<V: Vector> Gradient<V> for RmsNormGradient<V> {
     const WITH_BETA: bool = false;
     #[inline(always)]
-    fn apply(self, x: V, dy: V, w: V) -> (V, V) {
-        let n = self.norm.apply(x);
-        let g = self.weight.gain(w) * dy;
+    fn apply(self, e: V, g: V) -> (V, V) {
+        let n = e * self.inv_rms;
         ((g - n * self.mean_gn) * self.rrms, n)
     }
 }
@@ -518,42 +552,38 @@ struct Singular<const WITH_BETA: bool>;
 impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
     const WITH_BETA: bool = WITH_BETA;
     #[inline(always)]
-    fn apply(self, _x: V, _dy: V, _w: V) -> (V, V) {
+    fn apply(self, _e: V, _g: V) -> (V, V) {
         (V::splat(f64::NAN), V::splat(0.0))
     }
 }
 
-/// Writes a row's `dx` and adds `dyᵢ · nᵢ` to `dgamma[i]` (and `dyᵢ` to
-/// `dbeta[i]` where the gradient says so). `dgamma` and `dbeta` are
-/// [`Partials`], padded to whole vectors; the last, partial chunk of the row
-/// is padded with zeros and only its real elements of `dx` are written.
+/// Pass B over a row's stored [`Terms`]: writes `dx` and adds `dyᵢ · nᵢ` to
+/// `dgamma[i]` (and `dyᵢ` to `dbeta[i]` where the gradient says so),
+/// element by element. The last, partial chunk of `dx` gets only its real
+/// elements.
 #[inline(always)]
-fn write_gradient<A: NormScalar, V: Vector, G: Gradient<V>>(
-    (x, dy, w): (&[A], &[A], &[A]),
+fn pass_b<A: NormScalar, V: Vector, G: Gradient<V>>(
     dx: &mut [A],
     partials: &mut Partials,
     gradient: G,
 ) {
-    let (x_chunks, x_tail) = x.as_chunks::<LANES>();
-    let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
-    let (w_chunks, w_tail) = w.as_chunks::<LANES>();
+    let Partials { dgamma, dbeta, row } = partials;
+    let (dgamma, _) = dgamma.as_chunks_mut::<LANES>();
+    let (dbeta, _) = dbeta.as_chunks_mut::<LANES>();
+    let mut sums = row.iter().zip(dgamma.iter_mut().zip(dbeta.iter_mut()));
     let (dx_chunks, dx_tail) = dx.as_chunks_mut::<LANES>();
-    let (dgamma, _) = partials.dgamma.as_chunks_mut::<LANES>();
-    let (dbeta, _) = partials.dbeta.as_chunks_mut::<LANES>();
-    let mut sums = dgamma.iter_mut().zip(dbeta.iter_mut());
-    let inputs = x_chunks.iter().zip(dy_chunks).zip(w_chunks);
-    for ((((x, dy), w), dx), (dgamma, dbeta)) in inputs.zip(dx_chunks).zip(&mut sums) {
-        let dy = A::load::<V>(dy);
-        let (value, n) = gradient.apply(A::load(x), dy, A::load(w));
+    for (dx, (terms, (dgamma, dbeta))) in dx_chunks.iter_mut().zip(&mut sums) {
+        let dy = V::load_f64(&terms[2]);
+        let (value, n) = gradient.apply(V::load_f64(&terms[0]), V::load_f64(&terms[1]));
         A::store(value, dx);
         accumulate::<V, G>(dy, n, dgamma, dbeta);
     }
     if dx_tail.is_empty() {
         return;
     }
-    if let Some((dgamma, dbeta)) = sums.next() {
-        let dy = A::load::<V>(&padded(dy_tail));
-        let (value, n) = gradient.apply(A::load(&padded(x_tail)), dy, A::load(&padded(w_tail)));
+    if let Some((terms, (dgamma, dbeta))) = sums.next() {
+        let dy = V::load_f64(&terms[2]);
+        let (value, n) = gradient.apply(V::load_f64(&terms[0]), V::load_f64(&terms[1]));
         let mut chunk = [A::zero(); LANES];
         A::store(value, &mut chunk);
         for (out, value) in dx_tail.iter_mut().zip(chunk) {
@@ -563,7 +593,7 @@ fn write_gradient<A: NormScalar, V: Vector, G: Gradient<V>>(
     }
 }
 
-/// `dgamma += dy · n` and, for LayerNorm, `dbeta += dy`, one vector each.
+/// `dgamma += dy · n` and, where the gradient says so, `dbeta += dy`.
 #[inline(always)]
 fn accumulate<V: Vector, G: Gradient<V>>(
     dy: V,
@@ -577,160 +607,230 @@ fn accumulate<V: Vector, G: Gradient<V>>(
     }
 }
 
-/// LayerNorm backward of a block of rows (`x`, `dy`, `dx` hold the same
-/// number of rows of length `d = gain`'s length): writes `dx` and adds each
-/// row's `dy ⊙ n` and `dy` to `partials` in row order.
+/// LayerNorm backward of a block of rows (`dx` holds as many rows as
+/// `inputs`): writes `dx` and adds each row's `dy ⊙ n` and `dy` to
+/// `partials` in row order.
 #[inline(always)]
 pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
-    x: &[A],
-    dy: &[A],
+    inputs: Inputs<'_, A>,
     dx: &mut [A],
-    gain: Gain<'_, A>,
     saved: Saved<'_, RowCentring>,
     partials: &mut Partials,
 ) {
-    match gain {
-        Gain::Gamma(w) => layer_norm_backward_rows::<A, V, _>(x, dy, dx, w, AsIs, saved, partials),
-        Gain::OnePlus(w) => {
-            layer_norm_backward_rows::<A, V, _>(x, dy, dx, w, OnePlus, saved, partials)
-        }
-    }
-}
-
-#[inline(always)]
-fn layer_norm_backward_rows<A: NormScalar, V: Vector, W: Weight>(
-    x: &[A],
-    dy: &[A],
-    dx: &mut [A],
-    weights: &[A],
-    weight: W,
-    saved: Saved<'_, RowCentring>,
-    partials: &mut Partials,
-) {
-    let d = weights.len();
+    let Inputs { x, dy, d, gain } = inputs;
     if d == 0 {
         return;
     }
     let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
-    for (row, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
-        let stats = saved.row::<A, V>(row, x);
-        layer_norm_backward_row::<A, V, W>((x, dy, weights), dx, weight, stats, partials);
+    for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
+        let row = (x, dy, gain);
+        match saved {
+            Saved::Compute(eps) => layer_norm_backward_row::<A, V>(row, dx, eps, partials),
+            Saved::Rows(rows) => {
+                let stats = rows.get(index).copied().unwrap_or(RowCentring::NOT_FINITE);
+                layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+            }
+        }
     }
 }
 
+/// LayerNorm backward of one row, its statistics computed on the way: pass
+/// 1 of the exact centring, then pass A also sums `Σ (xᵢ - base)²`, the
+/// centring's pass 2, so the statistics (those of
+/// [`exact_centring`](super::portable)) cost one pass over the row.
 // Out of line in unoptimised builds only: there every vector temporary
 // gets its own stack slot, and a trampoline holding all the row kernels
 // would outgrow a test thread's stack. Optimised builds inline everything.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_backward_row<A: NormScalar, V: Vector, W: Weight>(
-    (x, dy, weights): (&[A], &[A], &[A]),
+fn layer_norm_backward_row<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
     dx: &mut [A],
-    weight: W,
+    eps: f64,
+    partials: &mut Partials,
+) {
+    let x = row.0;
+    let (base, shift, magnitude) = match centring_first_pass::<A, V>(x, eps) {
+        FirstPass::Finished(centring) => {
+            let stats = RowCentring::from_centring(x, centring, eps);
+            return layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+        }
+        FirstPass::Deviations {
+            base,
+            shift,
+            magnitude,
+        } => (base, shift, magnitude),
+    };
+    let deviate = FromBase {
+        scale: None,
+        base: V::splat(base),
+    };
+    let ((g_sum, ge_sum), squares) = pass_a::<A, V, _, true, true>(row, &mut partials.row, deviate);
+    let d = x.len() as f64;
+    let var = match variance(squares.plain_total(), d, shift, eps) {
+        Variance::Short(var) => var,
+        Variance::Centred => centred_squares::<V>(&partials.row, x.len(), shift) / d,
+        Variance::Rescale => {
+            let stats =
+                RowCentring::from_centring(x, rescaled_centring::<A, V>(x, eps, magnitude), eps);
+            return layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+        }
+    };
+    let stats = RowCentring {
+        scale: 1.0,
+        base,
+        shift,
+        inv_std: inverse_root(var, eps, 1.0),
+    };
+    layer_norm_pass_b::<A, V>(dx, stats, (g_sum, ge_sum), partials);
+}
+
+/// LayerNorm backward of one row from its saved statistics.
+// See `layer_norm_backward_row`.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
     stats: RowCentring,
+    partials: &mut Partials,
+) {
+    let deviate = FromBase {
+        scale: optional::<V>(stats.scale),
+        base: V::splat(stats.base),
+    };
+    let (sums, _) = pass_a::<A, V, _, true, false>(row, &mut partials.row, deviate);
+    layer_norm_pass_b::<A, V>(dx, stats, sums, partials);
+}
+
+/// The row's means from the sums of pass A, then pass B. With
+/// `n = (e - shift) · inv_std`, `Σ gᵢ nᵢ = (Σ gᵢ eᵢ - shift · Σ gᵢ) · inv_std`:
+/// `shift` is below the rounding of the mean, so the subtraction does not
+/// cancel.
+#[inline(always)]
+fn layer_norm_pass_b<A: NormScalar, V: Vector>(
+    dx: &mut [A],
+    stats: RowCentring,
+    (g_sum, ge_sum): (BlockedSum<V>, BlockedSum<V>),
     partials: &mut Partials,
 ) {
     let RowCentring {
         scale,
-        base,
         shift,
         inv_std,
+        ..
     } = stats;
     if inv_std.is_infinite() {
-        write_gradient::<A, V, _>((x, dy, weights), dx, partials, Singular::<true>);
-        return;
+        return pass_b::<A, V, _>(dx, partials, Singular::<true>);
     }
-    let norm = Centre::<V>::new(scale, base, shift, inv_std);
-    let init = (BlockedSum::new(), BlockedSum::new());
-    let (g_sum, gn_sum) = fold_rows(x, dy, weights, init, LayerNormSums { norm, weight });
-    let d = x.len() as f64;
+    let d = dx.len() as f64;
+    let g_total = g_sum.plain_total();
+    let gn_total = (ge_sum.plain_total() - shift * g_total) * inv_std;
     let gradient = LayerNormGradient {
-        norm,
-        weight,
-        mean_g: V::splat(g_sum.plain_total() / d),
-        mean_gn: V::splat(gn_sum.plain_total() / d),
+        shift: V::splat(shift),
+        inv_std: V::splat(inv_std),
+        mean_g: V::splat(g_total / d),
+        mean_gn: V::splat(gn_total / d),
         rstd: V::splat(inv_std * scale),
     };
-    write_gradient::<A, V, _>((x, dy, weights), dx, partials, gradient);
+    pass_b::<A, V, _>(dx, partials, gradient);
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
 /// `dy ⊙ n` to `partials.dgamma` in row order.
 #[inline(always)]
 pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
-    x: &[A],
-    dy: &[A],
+    inputs: Inputs<'_, A>,
     dx: &mut [A],
-    gain: Gain<'_, A>,
     saved: Saved<'_, RowScaling>,
     partials: &mut Partials,
 ) {
-    match gain {
-        Gain::Gamma(w) => rms_norm_backward_rows::<A, V, _>(x, dy, dx, w, AsIs, saved, partials),
-        Gain::OnePlus(w) => {
-            rms_norm_backward_rows::<A, V, _>(x, dy, dx, w, OnePlus, saved, partials)
-        }
-    }
-}
-
-#[inline(always)]
-fn rms_norm_backward_rows<A: NormScalar, V: Vector, W: Weight>(
-    x: &[A],
-    dy: &[A],
-    dx: &mut [A],
-    weights: &[A],
-    weight: W,
-    saved: Saved<'_, RowScaling>,
-    partials: &mut Partials,
-) {
-    let d = weights.len();
+    let Inputs { x, dy, d, gain } = inputs;
     if d == 0 {
         return;
     }
     let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
-    for (row, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
-        let stats = saved.row::<A, V>(row, x);
-        rms_norm_backward_row::<A, V, W>((x, dy, weights), dx, weight, stats, partials);
+    for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
+        let row = (x, dy, gain);
+        match saved {
+            Saved::Compute(eps) => rms_norm_backward_row::<A, V>(row, dx, eps, partials),
+            Saved::Rows(rows) => {
+                let stats = rows.get(index).copied().unwrap_or(RowScaling::NOT_FINITE);
+                rms_norm_backward_saved::<A, V>(row, dx, stats, partials);
+            }
+        }
     }
 }
 
-// Out of line in unoptimised builds only: there every vector temporary
-// gets its own stack slot, and a trampoline holding all the row kernels
-// would outgrow a test thread's stack. Optimised builds inline everything.
+/// RMSNorm backward of one row, its statistics computed on the way: pass A
+/// also sums `Σ xᵢ²`, which is all that [`rms_scaling`] needs of a row that
+/// is not rescaled.
+// See `layer_norm_backward_row`.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_backward_row<A: NormScalar, V: Vector, W: Weight>(
-    (x, dy, weights): (&[A], &[A], &[A]),
+fn rms_norm_backward_row<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
     dx: &mut [A],
-    weight: W,
+    eps: f64,
+    partials: &mut Partials,
+) {
+    let x = row.0;
+    let deviate = Scaled { scale: None };
+    let ((_, gx_sum), squares) = pass_a::<A, V, _, false, true>(row, &mut partials.row, deviate);
+    match rms_from_squares(squares.plain_total(), x.len() as f64, eps) {
+        Some(scaling) => {
+            let stats = RowScaling::from_scaling(Some(scaling));
+            rms_norm_pass_b::<A, V>(dx, stats, gx_sum, partials);
+        }
+        None => {
+            let stats = RowScaling::from_scaling(rescaled_rms_scaling::<A, V>(x, eps));
+            rms_norm_backward_saved::<A, V>(row, dx, stats, partials);
+        }
+    }
+}
+
+/// RMSNorm backward of one row from its saved statistics.
+// See `layer_norm_backward_row`.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rms_norm_backward_saved<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
     stats: RowScaling,
+    partials: &mut Partials,
+) {
+    let deviate = Scaled {
+        scale: optional::<V>(stats.scale),
+    };
+    let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, &mut partials.row, deviate);
+    rms_norm_pass_b::<A, V>(dx, stats, gx_sum, partials);
+}
+
+/// The row's mean from the sum of pass A, then pass B:
+/// `Σ gᵢ nᵢ = Σ gᵢ eᵢ · inv_rms`.
+#[inline(always)]
+fn rms_norm_pass_b<A: NormScalar, V: Vector>(
+    dx: &mut [A],
+    stats: RowScaling,
+    gx_sum: BlockedSum<V>,
     partials: &mut Partials,
 ) {
     let RowScaling { scale, inv_rms } = stats;
     if inv_rms.is_infinite() {
-        write_gradient::<A, V, _>((x, dy, weights), dx, partials, Singular::<false>);
-        return;
+        return pass_b::<A, V, _>(dx, partials, Singular::<false>);
     }
-    let norm = Rescale::<V>::new(scale, inv_rms);
-    let gn_sum = fold_rows(
-        x,
-        dy,
-        weights,
-        BlockedSum::new(),
-        RmsNormSums { norm, weight },
-    );
+    let gn_total = gx_sum.plain_total() * inv_rms;
     let gradient = RmsNormGradient {
-        norm,
-        weight,
-        mean_gn: V::splat(gn_sum.plain_total() / x.len() as f64),
+        inv_rms: V::splat(inv_rms),
+        mean_gn: V::splat(gn_total / dx.len() as f64),
         rrms: V::splat(inv_rms * scale),
     };
-    write_gradient::<A, V, _>((x, dy, weights), dx, partials, gradient);
+    pass_b::<A, V, _>(dx, partials, gradient);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::simd::Portable;
+    use super::super::simd::{Arith, Portable};
     use super::*;
 
     #[test]
@@ -746,16 +846,18 @@ mod tests {
     fn constant_row_keeps_its_value_as_mean() {
         // 0.1 + 0.1 + 0.1 = 0.30000000000000004 in f64, so a mean formed as
         // sum / d would not be 0.1.
-        let stats = RowCentring::compute::<f64, Portable>(&[0.1, 0.1, 0.1], 0.25);
-        assert_eq!(stats.mean(), 0.1);
-        assert_eq!(stats.rstd(), 2.0);
-        let singular = RowCentring::compute::<f64, Portable>(&[0.1; 3], 0.0);
-        assert_eq!(singular.rstd(), f64::INFINITY);
+        let stats = |x: &[f64], eps| {
+            RowCentring::from_centring(x, exact_centring::<f64, Portable>(x, eps), eps)
+        };
+        assert_eq!(stats(&[0.1, 0.1, 0.1], 0.25).mean(), 0.1);
+        assert_eq!(stats(&[0.1, 0.1, 0.1], 0.25).rstd(), 2.0);
+        assert_eq!(stats(&[0.1; 3], 0.0).rstd(), f64::INFINITY);
     }
 
     #[test]
     fn zero_row_without_eps_has_infinite_inverse_rms() {
-        let rrms = |eps| RowScaling::compute::<f32, Portable>(&[0.0; 4], eps).rrms();
+        let rrms =
+            |eps| RowScaling::from_scaling(rms_scaling::<f32, Portable>(&[0.0; 4], eps)).rrms();
         assert_eq!(rrms(0.0), f64::INFINITY);
         assert_eq!(rrms(0.25), 2.0);
     }
@@ -769,28 +871,107 @@ mod tests {
         }
     }
 
-    /// `Σ gᵢ` of a LayerNorm row goes through the blocked sum: with
-    /// `n = 0` (x constant, eps > 0) the row sums are `Σ g` and 0, and
-    /// `dx = rstd · (g - mean(g))`. Terms 2⁵³ then ones: lane 0 gets
-    /// elements 0, 16, 32, …, whose plain sum would lose the ones after
-    /// 2⁵³ within a block; the block sums do too, but only within one
-    /// block of 8 vectors per lane, and the blocks' totals are compensated.
+    /// The row sums of pass A are blocked sums. Terms `g` = 2⁵³ then
+    /// ones: lane 0 gets elements 0, 16, 32, …, and its first block sum
+    /// (8 vectors) loses the 7 ones after 2⁵³ (2⁵³ + 1 rounds to 2⁵³); the
+    /// blocks' totals are compensated, so every other one is kept.
     #[test]
     fn row_sums_lose_at_most_a_block_per_lane() {
         let d = 16 * LANES * BLOCK; // 16 blocks of 8 vectors
         let big = 2.0_f64.powi(53);
         let dy: Vec<f64> = (0..d).map(|i| if i == 0 { big } else { 1.0 }).collect();
-        let x = vec![3.0; d];
-        let w = vec![1.0; d];
-        let fold = LayerNormSums {
-            norm: Centre::<Portable>::new(1.0, 3.0, 0.0, 2.0),
-            weight: AsIs,
+        let x = vec![0.0; d];
+        let gain = Gain::Gamma(&vec![1.0; d]).widened();
+        let mut partials = Partials::new(d);
+        let deviate = FromBase {
+            scale: None,
+            base: Portable::splat(0.0),
         };
-        let init = (BlockedSum::new(), BlockedSum::new());
-        let (g_sum, gn_sum) = fold_rows(&x, &dy, &w, init, fold);
-        assert_eq!(gn_sum.plain_total(), 0.0);
-        // Lane 0 of the first block adds 2⁵³ + 1 + … (7 ones, all lost);
-        // every other term is kept.
+        let row = (&x[..], &dy[..], &gain[..]);
+        let ((g_sum, _), _) =
+            pass_a::<f64, Portable, _, true, false>(row, &mut partials.row, deviate);
         assert_eq!(g_sum.plain_total(), big + (d - 1 - (BLOCK - 1)) as f64);
+    }
+
+    /// Pass A stores `e`, `g` and `dy` of every element for pass B, and
+    /// its sums keep only the real lanes of the last, partial chunk.
+    #[test]
+    fn pass_a_stores_the_terms_of_every_element() {
+        let d = 2 * LANES + 3;
+        let x: Vec<f64> = (0..d).map(|i| (i % 5) as f64).collect();
+        let dy: Vec<f64> = (0..d).map(|i| i as f64 - 4.0).collect();
+        let weights: Vec<f64> = (0..d).map(|i| 0.5 + (i % 3) as f64).collect();
+        let gain = Gain::Gamma(&weights).widened();
+        let mut partials = Partials::new(d);
+        let deviate = FromBase {
+            scale: None,
+            base: Portable::splat(2.0),
+        };
+        let row = (&x[..], &dy[..], &gain[..]);
+        let ((g_sum, ge_sum), squares) =
+            pass_a::<f64, Portable, _, true, true>(row, &mut partials.row, deviate);
+        // Small integers and halves: every sum is exact.
+        let terms = x.iter().zip(&dy).zip(&weights);
+        let (mut g_exact, mut ge_exact, mut squares_exact) = (0.0, 0.0, 0.0);
+        for (i, ((&x, &dy), &w)) in terms.enumerate() {
+            let [e, g, stored_dy] = partials.row[i / LANES];
+            assert_eq!(
+                [e[i % LANES], g[i % LANES], stored_dy[i % LANES]],
+                [x - 2.0, w * dy, dy]
+            );
+            g_exact += w * dy;
+            ge_exact += w * dy * (x - 2.0);
+            squares_exact += (x - 2.0) * (x - 2.0);
+        }
+        assert_eq!(g_sum.plain_total(), g_exact);
+        assert_eq!(ge_sum.plain_total(), ge_exact);
+        assert_eq!(squares.plain_total(), squares_exact);
+    }
+
+    /// The recomputed statistics are those of the exact centring, also
+    /// where the variance needs its second pass: a row whose mean is split
+    /// with a large `shift` next to a tiny spread.
+    #[test]
+    fn centred_squares_follow_the_order_of_the_forward_pass() {
+        let d = 2 * LANES * BLOCK + 5;
+        let x: Vec<f64> = (0..d)
+            .map(|i| 1.0 + (i % 7) as f64 * 2f64.powi(-50))
+            .collect();
+        let gain = Gain::Gamma(&vec![1.0; d]).widened();
+        let mut partials = Partials::new(d);
+        let FirstPass::Deviations { base, shift, .. } =
+            centring_first_pass::<f64, Portable>(&x, 0.0)
+        else {
+            panic!("an ordinary row");
+        };
+        let deviate = FromBase {
+            scale: None,
+            base: Portable::splat(base),
+        };
+        let row = (&x[..], &x[..], &gain[..]);
+        let (_, squares) = pass_a::<f64, Portable, _, true, true>(row, &mut partials.row, deviate);
+        let branch = variance(squares.plain_total(), d as f64, shift, 0.0);
+        assert!(
+            matches!(branch, Variance::Centred),
+            "the short formula would do"
+        );
+        let reference = exact_centring::<f64, Portable>(&x, 0.0);
+        let Centring::Centred { inv_std, .. } = reference else {
+            panic!("an ordinary row");
+        };
+        let var = centred_squares::<Portable>(&partials.row, d, shift) / d as f64;
+        assert_eq!(inverse_root(var, 0.0, 1.0).to_bits(), inv_std.to_bits());
+    }
+
+    #[test]
+    fn gains_are_widened_and_padded() {
+        let w = [0.5_f32, -2.0, 3e-8];
+        let plain = Gain::Gamma(&w).widened();
+        assert_eq!(plain.len(), LANES);
+        assert_eq!(plain[..3], [0.5, -2.0, f64::from(3e-8_f32)]);
+        assert!(plain[3..].iter().all(|&v| v == 0.0));
+        let one_plus = Gain::OnePlus(&w).widened();
+        assert_eq!(one_plus[..3], [1.5, -1.0, 1.0 + f64::from(3e-8_f32)]);
+        assert!(one_plus[3..].iter().all(|&v| v == 0.0));
     }
 }

@@ -20,7 +20,7 @@ mod x86;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::scalar::NormScalar;
-use backward::{Gain, Partials, RowCentring, RowScaling, Saved};
+use backward::{Inputs, Partials, RowCentring, RowScaling, Saved};
 
 /// One row's input and where its output goes.
 pub(crate) enum Io<'a, A> {
@@ -231,10 +231,8 @@ dispatch! { in backward:
     /// LayerNorm backward of a block of rows: writes `dx` and adds each
     /// row's `dy ⊙ n` and `dy` to `partials`, in row order.
     pub(crate) fn layer_norm_backward_block<A>(
-        x: &[A],
-        dy: &[A],
+        inputs: Inputs<'_, A>,
         dx: &mut [A],
-        gain: Gain<'_, A>,
         saved: Saved<'_, RowCentring>,
         partials: &mut Partials,
     );
@@ -244,10 +242,8 @@ dispatch! { in backward:
     /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
     /// `dy ⊙ n` to `partials.dgamma`, in row order.
     pub(crate) fn rms_norm_backward_block<A>(
-        x: &[A],
-        dy: &[A],
+        inputs: Inputs<'_, A>,
         dx: &mut [A],
-        gain: Gain<'_, A>,
         saved: Saved<'_, RowScaling>,
         partials: &mut Partials,
     );
@@ -255,6 +251,7 @@ dispatch! { in backward:
 
 #[cfg(test)]
 mod tests {
+    use super::backward::Gain;
     use super::*;
 
     /// Rows of awkward lengths and values, deterministic.
@@ -373,19 +370,59 @@ mod tests {
         }
         let mut dx = vec![A::zero(); block.len()];
         let mut partials = Partials::new(d);
+        // Statistics recomputed and saved by the forward pass must give the
+        // same bits.
+        let grads = |bits: &mut TrainingBits, dx: &[A], partials: &Partials, recomputed: bool| {
+            let dx = bits_of(dx);
+            let dgamma = bits_of(&partials.dgamma[..d]);
+            let dbeta = bits_of(&partials.dbeta[..d]);
+            if !recomputed {
+                let n = dx.len();
+                assert_eq!(
+                    bits.dx[bits.dx.len() - n..],
+                    dx,
+                    "{isa:?}: saved vs recomputed"
+                );
+                assert_eq!(bits.dgamma[bits.dgamma.len() - d..], dgamma);
+                assert_eq!(bits.dbeta[bits.dbeta.len() - d..], dbeta);
+            }
+            bits.dx.extend(dx);
+            bits.dgamma.extend(dgamma);
+            bits.dbeta.extend(dbeta);
+        };
         for gain in [Gain::Gamma(&gamma[..]), Gain::OnePlus(&gamma)] {
+            let gain = gain.widened();
             for saved in [Saved::Compute(eps), Saved::Rows(&centring)] {
                 partials.clear();
-                layer_norm_backward_block(isa, block, &dy, &mut dx, gain, saved, &mut partials);
-                bits.dx.extend(bits_of(&dx));
-                bits.dgamma.extend(bits_of(&partials.dgamma[..d]));
-                bits.dbeta.extend(bits_of(&partials.dbeta[..d]));
+                let inputs = Inputs {
+                    x: block,
+                    dy: &dy,
+                    d,
+                    gain: &gain,
+                };
+                layer_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
+                grads(
+                    &mut bits,
+                    &dx,
+                    &partials,
+                    matches!(saved, Saved::Compute(_)),
+                );
             }
             for saved in [Saved::Compute(eps), Saved::Rows(&scaling)] {
                 partials.clear();
-                rms_norm_backward_block(isa, block, &dy, &mut dx, gain, saved, &mut partials);
-                bits.dx.extend(bits_of(&dx));
-                bits.dgamma.extend(bits_of(&partials.dgamma[..d]));
+                let inputs = Inputs {
+                    x: block,
+                    dy: &dy,
+                    d,
+                    gain: &gain,
+                };
+                rms_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
+                grads(
+                    &mut bits,
+                    &dx,
+                    &partials,
+                    matches!(saved, Saved::Compute(_)),
+                );
             }
         }
         bits

@@ -538,7 +538,7 @@ fn scale_towards_one(magnitude: f64) -> f64 {
 /// `eps` is scaled alike. An all-zero row with `eps = 0` gets 0, so its
 /// output is 0 rather than `0 · ∞`.
 #[inline(always)]
-fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
+pub(super) fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
     let scaled_eps = eps * scale * scale;
     if scaled_eps.is_finite() {
         let denominator = mean_square + scaled_eps;
@@ -648,33 +648,112 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
 /// LayerNorm statistics with the exact mean split of the module docs.
 #[inline(always)]
 pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+    match centring_first_pass::<A, V>(x, eps) {
+        FirstPass::Finished(centring) => centring,
+        FirstPass::Deviations {
+            base,
+            shift,
+            magnitude,
+        } => {
+            let d = x.len() as f64;
+            let squares = centred_square_sum::<A, V, _>(x, Unscaled, base, 0.0);
+            let var = match variance(squares, d, shift, eps) {
+                Variance::Short(var) => var,
+                Variance::Centred => centred_square_sum::<A, V, _>(x, Unscaled, base, shift) / d,
+                Variance::Rescale => return rescaled_centring::<A, V>(x, eps, magnitude),
+            };
+            Centring::Centred {
+                scale: 1.0,
+                base,
+                shift,
+                inv_std: inverse_root(var, eps, 1.0),
+            }
+        }
+    }
+}
+
+/// The outcome of pass 1 of the exact centring.
+pub(super) enum FirstPass {
+    /// The statistics, without further passes over the unscaled row.
+    Finished(Centring),
+    /// The mean split `base + shift`: the deviations `xᵢ - base` come next.
+    Deviations {
+        base: f64,
+        shift: f64,
+        magnitude: f64,
+    },
+}
+
+/// Pass 1 of [`exact_centring`]: the compensated sum with the extremes, and
+/// the cases it settles (a NaN or an infinity, a constant row, a row that
+/// must be rescaled).
+#[inline(always)]
+pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
     let spread_ = spread::<A, V, _>(x, Unscaled);
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
-        return Centring::NotFinite;
+        return FirstPass::Finished(Centring::NotFinite);
     }
     if spread_.min == spread_.max {
-        return Centring::Constant;
+        return FirstPass::Finished(Centring::Constant);
     }
-    if spread_.sum.hi.is_finite() && spread_.magnitude() < HUGE_MAGNITUDE {
-        if let Some(centring) = centre::<A, V, _>(x, Unscaled, spread_.sum, eps, None) {
-            return centring;
-        }
+    let magnitude = spread_.magnitude();
+    if spread_.sum.hi.is_finite() && magnitude < HUGE_MAGNITUDE {
+        let Pair {
+            hi: base,
+            lo: shift,
+        } = spread_.sum.divide(x.len() as f64);
+        return FirstPass::Deviations {
+            base,
+            shift,
+            magnitude,
+        };
     }
-    rescaled_centring::<A, V>(x, eps, spread_.magnitude())
+    FirstPass::Finished(rescaled_centring::<A, V>(x, eps, magnitude))
+}
+
+/// How the variance follows from `Σ (xᵢ - base)²` of an unscaled row.
+pub(super) enum Variance {
+    /// `Σ (xᵢ - base)² / d - shift²`.
+    Short(f64),
+    /// The short formula would cancel: the variance is
+    /// `Σ ((xᵢ - base) - shift)² / d`, one more pass.
+    Centred,
+    /// The squares overflow, or underflow while `eps` is too small to hide
+    /// it: the row must be rescaled.
+    Rescale,
+}
+
+/// Pass 2 of [`exact_centring`] after its sum: see [`Variance`].
+#[inline(always)]
+pub(super) fn variance(squares: f64, d: f64, shift: f64, eps: f64) -> Variance {
+    if !squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY) {
+        return Variance::Rescale;
+    }
+    let mean_square = squares / d;
+    if shift * shift <= mean_square * SHIFT_TOLERANCE {
+        Variance::Short(mean_square - shift * shift)
+    } else {
+        Variance::Centred
+    }
 }
 
 /// [`centring`] of a row whose squares overflow or underflow: computed on
 /// `x · 2ᵏ`. Rare, so kept out of line.
 #[inline(never)]
-fn rescaled_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64, magnitude: f64) -> Centring {
+pub(super) fn rescaled_centring<A: NormScalar, V: Vector>(
+    x: &[A],
+    eps: f64,
+    magnitude: f64,
+) -> Centring {
     let scale = scale_towards_one(magnitude);
     let scaled_sum = spread::<A, V, _>(x, Scaled(scale)).sum;
     centre::<A, V, _>(x, Scaled(scale), scaled_sum, eps, Some(scale)).unwrap_or(Centring::NotFinite)
 }
 
 /// Passes 2 and 3 of the scheme in the module docs. `scale` is `None` on the
-/// first attempt, which returns `None` when the row needs rescaling.
+/// first attempt, which returns `None` when the row needs rescaling
+/// ([`exact_centring`] spells that attempt out with [`variance`]).
 #[inline(always)]
 fn centre<A: NormScalar, V: Vector, L: Load>(
     x: &[A],
@@ -712,17 +791,24 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
 /// or `None` if the row holds a NaN or an infinity.
 #[inline(always)]
 pub(super) fn rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
-    let d = x.len() as f64;
     let squares = square_sum::<A, V, _>(x, Unscaled);
-    if squares.is_finite() && !(squares < TINY_SQUARES && eps < EPS_HIDES_TINY) {
-        return Some((1.0, inverse_root(squares / d, eps, 1.0)));
-    }
-    rescaled_rms_scaling::<A, V>(x, eps)
+    rms_from_squares(squares, x.len() as f64, eps).or_else(|| rescaled_rms_scaling::<A, V>(x, eps))
+}
+
+/// [`rms_scaling`] from `Σ xᵢ²` of the unscaled row, or `None` if the row
+/// must be rescaled (or holds a NaN or an infinity).
+#[inline(always)]
+pub(super) fn rms_from_squares(squares: f64, d: f64, eps: f64) -> Option<(f64, f64)> {
+    (squares.is_finite() && !(squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
+        .then(|| (1.0, inverse_root(squares / d, eps, 1.0)))
 }
 
 /// [`rms_scaling`] of a row whose squares overflow or underflow. Rare.
 #[inline(never)]
-fn rescaled_rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
+pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
+    x: &[A],
+    eps: f64,
+) -> Option<(f64, f64)> {
     if !all_finite(x) {
         return None;
     }

@@ -244,7 +244,7 @@ vector_type! {
 /// kernel for that set's vector type.
 macro_rules! trampolines {
     ($features:literal, $vector:ty) => {
-        use super::super::backward::{self, Gain, Partials, RowCentring, RowScaling, Saved};
+        use super::super::backward::{self, Inputs, Partials, RowCentring, RowScaling, Saved};
         use super::super::portable;
         use super::super::{Affine, Io};
         use crate::scalar::NormScalar;
@@ -310,28 +310,24 @@ macro_rules! trampolines {
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
         pub(in crate::kernel) unsafe fn layer_norm_backward_block<A: NormScalar>(
-            x: &[A],
-            dy: &[A],
+            inputs: Inputs<'_, A>,
             dx: &mut [A],
-            gain: Gain<'_, A>,
             saved: Saved<'_, RowCentring>,
             partials: &mut Partials,
         ) {
-            backward::layer_norm_backward_block::<A, $vector>(x, dy, dx, gain, saved, partials)
+            backward::layer_norm_backward_block::<A, $vector>(inputs, dx, saved, partials)
         }
 
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
         pub(in crate::kernel) unsafe fn rms_norm_backward_block<A: NormScalar>(
-            x: &[A],
-            dy: &[A],
+            inputs: Inputs<'_, A>,
             dx: &mut [A],
-            gain: Gain<'_, A>,
             saved: Saved<'_, RowScaling>,
             partials: &mut Partials,
         ) {
-            backward::rms_norm_backward_block::<A, $vector>(x, dy, dx, gain, saved, partials)
+            backward::rms_norm_backward_block::<A, $vector>(inputs, dx, saved, partials)
         }
     };
 }
