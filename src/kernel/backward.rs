@@ -19,10 +19,23 @@
 //! rule gives `r (gᵢ - mean(g)) - r³ (xᵢ - x̄) · mean(g ⊙ (x - x̄))`, and
 //! `n = r (x - x̄)` turns the second term into `r · nᵢ · mean(g ⊙ n)`.
 //!
-//! `n` is recomputed from the row's saved statistics with the expression of
-//! the forward kernel (`((xᵢ · scale - base) - shift) · inv_std`, where
-//! `scale = 1` multiplies exactly), so it carries the forward pass's
-//! accuracy, also on rows with a large common offset or rescaled rows.
+//! # Passes
+//!
+//! Each row is read twice (three times when backward computes the
+//! statistics), from cache after the first time. Pass A forms
+//! `eᵢ = xᵢ · scale - base` (RMSNorm: `xᵢ · scale`) and `gᵢ = gainᵢ · dyᵢ`
+//! and sums `Σ gᵢ` and `Σ gᵢ eᵢ`; then
+//! `Σ gᵢ nᵢ = (Σ gᵢ eᵢ - shift · Σ gᵢ) · inv_std` (RMSNorm:
+//! `Σ gᵢ eᵢ · inv_rms`), where `shift` is below the rounding of the mean,
+//! so the subtraction does not cancel. Pass B forms
+//! `nᵢ = (eᵢ - shift) · inv_std`, the forward kernel's normalised value
+//! (the `scale = 1` multiplication is exact, so it carries the forward
+//! pass's accuracy, also on rows with a large common offset or rescaled
+//! rows), writes `dx` and adds `dyᵢ · nᵢ` (and `dyᵢ`) to the per-feature
+//! partials. When backward computes the statistics itself, pass 1 of the
+//! exact centring comes first and pass A also sums `Σ eᵢ²`, the centring's
+//! pass 2, with the same decisions ([`variance`], [`rms_from_squares`]),
+//! so the statistics have the bits of those the forward pass saves.
 //!
 //! The statistics backward uses are those of the exact centring of
 //! [`portable`](super::portable) for both element types: an `f32` row,
@@ -39,7 +52,7 @@
 //!
 //! # Summation order
 //!
-//! `Σ g` and `Σ g ⊙ n` are [`BlockedSum`]s: element `i` in lane `i % LANES`,
+//! `Σ g`, `Σ g ⊙ e` and `Σ e²` are [`BlockedSum`]s: element `i` in lane `i % LANES`,
 //! plain sums over blocks of [`BLOCK`] vectors added to a compensated
 //! total, the lanes combined by fixed halving trees. Their error, about
 //! `(BLOCK + 5) · 2⁻⁵³ · Σ |terms|`, is that of a short plain sum whatever
@@ -52,10 +65,10 @@
 //! fused multiply-add is used.
 
 use super::portable::{
-    centring_first_pass, exact_centring, inverse_root, padded, rescaled_centring,
-    rescaled_rms_scaling, rms_from_squares, rms_scaling, single_precision_centring, two_sum,
-    variance, write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Variance,
-    BLOCK,
+    centred_square_sum, centring_first_pass, exact_centring, inverse_root, padded,
+    rescaled_centring, rescaled_rms_scaling, rms_from_squares, rms_scaling,
+    single_precision_centring, two_sum, variance, write_layer_norm, write_rms_norm, Blend,
+    BlockedSum, Centring, FirstPass, Variance, BLOCK,
 };
 use super::simd::{Vector, LANES};
 use super::{Affine, Io};
@@ -240,13 +253,10 @@ pub(crate) enum Saved<'a, T> {
 }
 
 /// One block's per-feature partial sums over its rows, each padded with
-/// zeros to whole vectors so that the kernels load and store them as such,
-/// and the scratch row in which backward keeps a row's [`Terms`] between
-/// its two passes (in cache: it holds one row).
+/// zeros to whole vectors so that the kernels load and store them as such.
 pub(crate) struct Partials {
     pub(crate) dgamma: Vec<f64>,
     pub(crate) dbeta: Vec<f64>,
-    row: Vec<Terms>,
 }
 
 impl Partials {
@@ -255,7 +265,6 @@ impl Partials {
         Partials {
             dgamma: vec![0.0; chunks * LANES],
             dbeta: vec![0.0; chunks * LANES],
-            row: vec![[[0.0; LANES]; 3]; chunks],
         }
     }
 
@@ -356,11 +365,6 @@ pub(super) fn rms_norm_train_block<A: NormScalar, V: Vector>(
     }
 }
 
-/// One chunk of a row's terms in `f64`, kept in [`Partials`] between the
-/// two passes of backward: the deviation `e` (LayerNorm: `x · scale - base`;
-/// RMSNorm: `x · scale`), `g = gain ⊙ dy`, and `dy`.
-pub(crate) type Terms = [[f64; LANES]; 3];
-
 /// How pass A turns a vector of `x` into the deviation `e` (a struct, not
 /// a closure, for the reason given at [`Fold`](super::portable)).
 trait Deviate<V>: Copy {
@@ -411,29 +415,26 @@ fn optional<V: Vector>(scale: f64) -> Option<V> {
 /// [`BlockedSum`] (element `i` in lane `i % LANES`).
 type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
 
-/// Pass A over a row: reads `x` and `dy` once, stores each chunk's
-/// [`Terms`] in `row`, and returns the row sums; `Σ gᵢ` only if `G_SUM`,
-/// `Σ eᵢ²` only if `SQUARES` (the others stay 0). The order is that of
-/// `fold_row`: a flush after every [`BLOCK`] vectors, the last partial chunk
-/// padded with zeros and only its real lanes kept. `gain` and `row` are
-/// padded to whole vectors.
+/// Pass A over a row: reads `x` and `dy` and returns the row sums;
+/// `Σ gᵢ` only if `G_SUM`, `Σ eᵢ²` only if `SQUARES` (the others stay 0).
+/// The order is that of `fold_row`: a flush after every [`BLOCK`] vectors,
+/// the last partial chunk padded with zeros and only its real lanes kept.
+/// `gain` is padded to whole vectors.
+///
+/// Pass B reads the row again (from cache) rather than terms kept from
+/// pass A: the kernel is limited by its stores, and a scratch row of
+/// terms was slower, however small.
 #[inline(always)]
 fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUARES: bool>(
     (x, dy, gain): (&[A], &[A], &[f64]),
-    row: &mut [Terms],
     deviate: E,
 ) -> RowSums<V> {
     #[inline(always)]
     fn step<V: Vector, const G_SUM: bool, const SQUARES: bool>(
         ((g_sum, ge_sum), squares): RowSums<V>,
         (e, dy, gain): (V, V, V),
-        terms: &mut Terms,
     ) -> RowSums<V> {
         let g = gain * dy;
-        let [e_out, g_out, dy_out] = terms;
-        e.store_f64(e_out);
-        g.store_f64(g_out);
-        dy.store_f64(dy_out);
         let g_sum = if G_SUM { g_sum.add(g) } else { g_sum };
         let squares = if SQUARES { squares.add(e * e) } else { squares };
         ((g_sum, ge_sum.add(g * e)), squares)
@@ -446,56 +447,32 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
     let (gain_chunks, _) = gain.as_chunks::<LANES>();
-    let mut outputs = gain_chunks.iter().zip(row.iter_mut());
+    let mut gains = gain_chunks.iter();
     let zero = BlockedSum::new();
     let mut sums = ((zero, zero), zero);
     for (x, dy) in x_chunks.chunks(BLOCK).zip(dy_chunks.chunks(BLOCK)) {
-        for ((x, dy), (gain, terms)) in x.iter().zip(dy).zip(&mut outputs) {
+        for ((x, dy), gain) in x.iter().zip(dy).zip(&mut gains) {
             let values = (
                 deviate.deviation(A::load(x)),
                 A::load(dy),
                 V::load_f64(gain),
             );
-            sums = step::<V, G_SUM, SQUARES>(sums, values, terms);
+            sums = step::<V, G_SUM, SQUARES>(sums, values);
         }
         sums = flush(sums);
     }
     if !x_tail.is_empty() {
-        if let Some((gain, terms)) = outputs.next() {
+        if let Some(gain) = gains.next() {
             let values = (
                 deviate.deviation(A::load(&padded(x_tail))),
                 A::load(&padded(dy_tail)),
                 V::load_f64(gain),
             );
-            let update = flush(step::<V, G_SUM, SQUARES>(sums, values, terms));
+            let update = flush(step::<V, G_SUM, SQUARES>(sums, values));
             sums = update.blend(sums, x_tail.len());
         }
     }
     sums
-}
-
-/// `Σ (eᵢ - shift)²` over the stored deviations of a row of `d` elements,
-/// blocked as `fold_row` sums `((xᵢ - base) - shift)²`: the same terms in
-/// the same order.
-#[inline(always)]
-fn centred_squares<V: Vector>(row: &[Terms], d: usize, shift: f64) -> f64 {
-    let shift = V::splat(shift);
-    let (full, tail) = (d / LANES, d % LANES);
-    let mut squares = BlockedSum::<V>::new();
-    for block in row.get(..full).unwrap_or_default().chunks(BLOCK) {
-        for [e, _, _] in block {
-            let dev = V::load_f64(e) - shift;
-            squares = squares.add(dev * dev);
-        }
-        squares = squares.flush();
-    }
-    if tail > 0 {
-        if let Some([e, _, _]) = row.get(full) {
-            let dev = V::load_f64(e) - shift;
-            squares = squares.add(dev * dev).flush().blend(squares, tail);
-        }
-    }
-    squares.plain_total()
 }
 
 /// One vector of a row's `dx` in pass B (a struct, not a closure).
@@ -557,33 +534,41 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
     }
 }
 
-/// Pass B over a row's stored [`Terms`]: writes `dx` and adds `dyᵢ · nᵢ` to
-/// `dgamma[i]` (and `dyᵢ` to `dbeta[i]` where the gradient says so),
-/// element by element. The last, partial chunk of `dx` gets only its real
-/// elements.
+/// Pass B over a row: writes `dx` and adds `dyᵢ · nᵢ` to `dgamma[i]` (and
+/// `dyᵢ` to `dbeta[i]` where the gradient says so), element by element.
+/// `e` and `g` are formed as in pass A. The last, partial chunk of `dx`
+/// gets only its real elements.
 #[inline(always)]
-fn pass_b<A: NormScalar, V: Vector, G: Gradient<V>>(
+fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
+    (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
     partials: &mut Partials,
+    deviate: E,
     gradient: G,
 ) {
-    let Partials { dgamma, dbeta, row } = partials;
+    let Partials { dgamma, dbeta } = partials;
     let (dgamma, _) = dgamma.as_chunks_mut::<LANES>();
     let (dbeta, _) = dbeta.as_chunks_mut::<LANES>();
-    let mut sums = row.iter().zip(dgamma.iter_mut().zip(dbeta.iter_mut()));
+    let (gain, _) = gain.as_chunks::<LANES>();
+    let mut sums = gain.iter().zip(dgamma.iter_mut().zip(dbeta.iter_mut()));
+    let (x_chunks, x_tail) = x.as_chunks::<LANES>();
+    let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
     let (dx_chunks, dx_tail) = dx.as_chunks_mut::<LANES>();
-    for (dx, (terms, (dgamma, dbeta))) in dx_chunks.iter_mut().zip(&mut sums) {
-        let dy = V::load_f64(&terms[2]);
-        let (value, n) = gradient.apply(V::load_f64(&terms[0]), V::load_f64(&terms[1]));
+    let inputs = x_chunks.iter().zip(dy_chunks);
+    for ((dx, (x, dy)), (g, (dgamma, dbeta))) in dx_chunks.iter_mut().zip(inputs).zip(&mut sums) {
+        let dy = A::load::<V>(dy);
+        let e = deviate.deviation(A::load(x));
+        let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
         A::store(value, dx);
         accumulate::<V, G>(dy, n, dgamma, dbeta);
     }
     if dx_tail.is_empty() {
         return;
     }
-    if let Some((terms, (dgamma, dbeta))) = sums.next() {
-        let dy = V::load_f64(&terms[2]);
-        let (value, n) = gradient.apply(V::load_f64(&terms[0]), V::load_f64(&terms[1]));
+    if let Some((g, (dgamma, dbeta))) = sums.next() {
+        let dy = A::load::<V>(&padded(dy_tail));
+        let e = deviate.deviation(A::load(&padded(x_tail)));
+        let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
         let mut chunk = [A::zero(); LANES];
         A::store(value, &mut chunk);
         for (out, value) in dx_tail.iter_mut().zip(chunk) {
@@ -665,11 +650,11 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector>(
         scale: None,
         base: V::splat(base),
     };
-    let ((g_sum, ge_sum), squares) = pass_a::<A, V, _, true, true>(row, &mut partials.row, deviate);
+    let ((g_sum, ge_sum), squares) = pass_a::<A, V, _, true, true>(row, deviate);
     let d = x.len() as f64;
     let var = match variance(squares.plain_total(), d, shift, eps) {
         Variance::Short(var) => var,
-        Variance::Centred => centred_squares::<V>(&partials.row, x.len(), shift) / d,
+        Variance::Centred => centred_square_sum::<A, V>(x, base, shift) / d,
         Variance::Rescale => {
             let stats =
                 RowCentring::from_centring(x, rescaled_centring::<A, V>(x, eps, magnitude), eps);
@@ -682,7 +667,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector>(
         shift,
         inv_std: inverse_root(var, eps, 1.0),
     };
-    layer_norm_pass_b::<A, V>(dx, stats, (g_sum, ge_sum), partials);
+    layer_norm_pass_b::<A, V>(row, dx, stats, (g_sum, ge_sum), partials);
 }
 
 /// LayerNorm backward of one row from its saved statistics.
@@ -699,8 +684,8 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
         scale: optional::<V>(stats.scale),
         base: V::splat(stats.base),
     };
-    let (sums, _) = pass_a::<A, V, _, true, false>(row, &mut partials.row, deviate);
-    layer_norm_pass_b::<A, V>(dx, stats, sums, partials);
+    let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate);
+    layer_norm_pass_b::<A, V>(row, dx, stats, sums, partials);
 }
 
 /// The row's means from the sums of pass A, then pass B. With
@@ -709,6 +694,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
 /// cancel.
 #[inline(always)]
 fn layer_norm_pass_b<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
     (g_sum, ge_sum): (BlockedSum<V>, BlockedSum<V>),
@@ -716,12 +702,16 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector>(
 ) {
     let RowCentring {
         scale,
+        base,
         shift,
         inv_std,
-        ..
     } = stats;
+    let deviate = FromBase {
+        scale: optional::<V>(scale),
+        base: V::splat(base),
+    };
     if inv_std.is_infinite() {
-        return pass_b::<A, V, _>(dx, partials, Singular::<true>);
+        return pass_b::<A, V, _, _>(row, dx, partials, deviate, Singular::<true>);
     }
     let d = dx.len() as f64;
     let g_total = g_sum.plain_total();
@@ -733,7 +723,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector>(
         mean_gn: V::splat(gn_total / d),
         rstd: V::splat(inv_std * scale),
     };
-    pass_b::<A, V, _>(dx, partials, gradient);
+    pass_b::<A, V, _, _>(row, dx, partials, deviate, gradient);
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
@@ -776,11 +766,11 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector>(
 ) {
     let x = row.0;
     let deviate = Scaled { scale: None };
-    let ((_, gx_sum), squares) = pass_a::<A, V, _, false, true>(row, &mut partials.row, deviate);
+    let ((_, gx_sum), squares) = pass_a::<A, V, _, false, true>(row, deviate);
     match rms_from_squares(squares.plain_total(), x.len() as f64, eps) {
         Some(scaling) => {
             let stats = RowScaling::from_scaling(Some(scaling));
-            rms_norm_pass_b::<A, V>(dx, stats, gx_sum, partials);
+            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
         }
         None => {
             let stats = RowScaling::from_scaling(rescaled_rms_scaling::<A, V>(x, eps));
@@ -802,22 +792,26 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector>(
     let deviate = Scaled {
         scale: optional::<V>(stats.scale),
     };
-    let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, &mut partials.row, deviate);
-    rms_norm_pass_b::<A, V>(dx, stats, gx_sum, partials);
+    let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate);
+    rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
 }
 
 /// The row's mean from the sum of pass A, then pass B:
 /// `Σ gᵢ nᵢ = Σ gᵢ eᵢ · inv_rms`.
 #[inline(always)]
 fn rms_norm_pass_b<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowScaling,
     gx_sum: BlockedSum<V>,
     partials: &mut Partials,
 ) {
     let RowScaling { scale, inv_rms } = stats;
+    let deviate = Scaled {
+        scale: optional::<V>(scale),
+    };
     if inv_rms.is_infinite() {
-        return pass_b::<A, V, _>(dx, partials, Singular::<false>);
+        return pass_b::<A, V, _, _>(row, dx, partials, deviate, Singular::<false>);
     }
     let gn_total = gx_sum.plain_total() * inv_rms;
     let gradient = RmsNormGradient {
@@ -825,7 +819,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector>(
         mean_gn: V::splat(gn_total / dx.len() as f64),
         rrms: V::splat(inv_rms * scale),
     };
-    pass_b::<A, V, _>(dx, partials, gradient);
+    pass_b::<A, V, _, _>(row, dx, partials, deviate, gradient);
 }
 
 #[cfg(test)]
@@ -882,43 +876,34 @@ mod tests {
         let dy: Vec<f64> = (0..d).map(|i| if i == 0 { big } else { 1.0 }).collect();
         let x = vec![0.0; d];
         let gain = Gain::Gamma(&vec![1.0; d]).widened();
-        let mut partials = Partials::new(d);
         let deviate = FromBase {
             scale: None,
             base: Portable::splat(0.0),
         };
         let row = (&x[..], &dy[..], &gain[..]);
-        let ((g_sum, _), _) =
-            pass_a::<f64, Portable, _, true, false>(row, &mut partials.row, deviate);
+        let ((g_sum, _), _) = pass_a::<f64, Portable, _, true, false>(row, deviate);
         assert_eq!(g_sum.plain_total(), big + (d - 1 - (BLOCK - 1)) as f64);
     }
 
-    /// Pass A stores `e`, `g` and `dy` of every element for pass B, and
-    /// its sums keep only the real lanes of the last, partial chunk.
+    /// The sums of pass A keep only the real lanes of the last, partial
+    /// chunk.
     #[test]
-    fn pass_a_stores_the_terms_of_every_element() {
+    fn pass_a_sums_every_element_once() {
         let d = 2 * LANES + 3;
         let x: Vec<f64> = (0..d).map(|i| (i % 5) as f64).collect();
         let dy: Vec<f64> = (0..d).map(|i| i as f64 - 4.0).collect();
         let weights: Vec<f64> = (0..d).map(|i| 0.5 + (i % 3) as f64).collect();
         let gain = Gain::Gamma(&weights).widened();
-        let mut partials = Partials::new(d);
         let deviate = FromBase {
             scale: None,
             base: Portable::splat(2.0),
         };
         let row = (&x[..], &dy[..], &gain[..]);
-        let ((g_sum, ge_sum), squares) =
-            pass_a::<f64, Portable, _, true, true>(row, &mut partials.row, deviate);
+        let ((g_sum, ge_sum), squares) = pass_a::<f64, Portable, _, true, true>(row, deviate);
         // Small integers and halves: every sum is exact.
         let terms = x.iter().zip(&dy).zip(&weights);
         let (mut g_exact, mut ge_exact, mut squares_exact) = (0.0, 0.0, 0.0);
-        for (i, ((&x, &dy), &w)) in terms.enumerate() {
-            let [e, g, stored_dy] = partials.row[i / LANES];
-            assert_eq!(
-                [e[i % LANES], g[i % LANES], stored_dy[i % LANES]],
-                [x - 2.0, w * dy, dy]
-            );
+        for ((&x, &dy), &w) in terms {
             g_exact += w * dy;
             ge_exact += w * dy * (x - 2.0);
             squares_exact += (x - 2.0) * (x - 2.0);
@@ -928,17 +913,18 @@ mod tests {
         assert_eq!(squares.plain_total(), squares_exact);
     }
 
-    /// The recomputed statistics are those of the exact centring, also
-    /// where the variance needs its second pass: a row whose mean is split
-    /// with a large `shift` next to a tiny spread.
+    /// Backward that computes the statistics on the way gives the bits of
+    /// backward from the exact centring's statistics, also on a row where
+    /// the variance needs the centring's extra pass (a large `shift` next to
+    /// a tiny spread).
     #[test]
-    fn centred_squares_follow_the_order_of_the_forward_pass() {
+    fn fused_statistics_are_the_exact_centring() {
         let d = 2 * LANES * BLOCK + 5;
         let x: Vec<f64> = (0..d)
             .map(|i| 1.0 + (i % 7) as f64 * 2f64.powi(-50))
             .collect();
-        let gain = Gain::Gamma(&vec![1.0; d]).widened();
-        let mut partials = Partials::new(d);
+        let dy: Vec<f64> = (0..d).map(|i| (i % 11) as f64 - 5.0).collect();
+        let gain = Gain::Gamma(&vec![1.5; d]).widened();
         let FirstPass::Deviations { base, shift, .. } =
             centring_first_pass::<f64, Portable>(&x, 0.0)
         else {
@@ -948,19 +934,32 @@ mod tests {
             scale: None,
             base: Portable::splat(base),
         };
-        let row = (&x[..], &x[..], &gain[..]);
-        let (_, squares) = pass_a::<f64, Portable, _, true, true>(row, &mut partials.row, deviate);
+        let (_, squares) = pass_a::<f64, Portable, _, true, true>((&x, &dy, &gain), deviate);
         let branch = variance(squares.plain_total(), d as f64, shift, 0.0);
         assert!(
             matches!(branch, Variance::Centred),
             "the short formula would do"
         );
-        let reference = exact_centring::<f64, Portable>(&x, 0.0);
-        let Centring::Centred { inv_std, .. } = reference else {
-            panic!("an ordinary row");
+
+        let stats = [RowCentring::from_centring(
+            &x,
+            exact_centring::<f64, Portable>(&x, 0.0),
+            0.0,
+        )];
+        let inputs = Inputs {
+            x: &x,
+            dy: &dy,
+            d,
+            gain: &gain,
         };
-        let var = centred_squares::<Portable>(&partials.row, d, shift) / d as f64;
-        assert_eq!(inverse_root(var, 0.0, 1.0).to_bits(), inv_std.to_bits());
+        let run = |saved| {
+            let mut dx = vec![0.0; d];
+            let mut partials = Partials::new(d);
+            layer_norm_backward_block::<f64, Portable>(inputs, &mut dx, saved, &mut partials);
+            let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            (bits(&dx), bits(&partials.dgamma), bits(&partials.dbeta))
+        };
+        assert_eq!(run(Saved::Compute(0.0)), run(Saved::Rows(&stats)));
     }
 
     #[test]

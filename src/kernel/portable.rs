@@ -461,8 +461,15 @@ impl<V: Vector> Fold<V> for CentredSquares<V> {
     }
 }
 
+/// `Σ ((xᵢ - base) - shift)²` of an unscaled row, as [`exact_centring`]
+/// sums it when the short variance formula would cancel.
 #[inline(always)]
-fn centred_square_sum<A: NormScalar, V: Vector, L: Load>(
+pub(super) fn centred_square_sum<A: NormScalar, V: Vector>(x: &[A], base: f64, shift: f64) -> f64 {
+    centred_square_sum_with::<A, V, _>(x, Unscaled, base, shift)
+}
+
+#[inline(always)]
+fn centred_square_sum_with<A: NormScalar, V: Vector, L: Load>(
     x: &[A],
     load: L,
     base: f64,
@@ -656,10 +663,12 @@ pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Cen
             magnitude,
         } => {
             let d = x.len() as f64;
-            let squares = centred_square_sum::<A, V, _>(x, Unscaled, base, 0.0);
+            let squares = centred_square_sum_with::<A, V, _>(x, Unscaled, base, 0.0);
             let var = match variance(squares, d, shift, eps) {
                 Variance::Short(var) => var,
-                Variance::Centred => centred_square_sum::<A, V, _>(x, Unscaled, base, shift) / d,
+                Variance::Centred => {
+                    centred_square_sum_with::<A, V, _>(x, Unscaled, base, shift) / d
+                }
                 Variance::Rescale => return rescaled_centring::<A, V>(x, eps, magnitude),
             };
             Centring::Centred {
@@ -767,7 +776,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
         hi: base,
         lo: shift,
     } = sum.divide(d);
-    let squares = centred_square_sum::<A, V, L>(x, load, base, 0.0);
+    let squares = centred_square_sum_with::<A, V, L>(x, load, base, 0.0);
     if scale.is_none() && (!squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
     {
         return None;
@@ -776,7 +785,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
     let var = if shift * shift <= mean_square * SHIFT_TOLERANCE {
         mean_square - shift * shift
     } else {
-        centred_square_sum::<A, V, L>(x, load, base, shift) / d
+        centred_square_sum_with::<A, V, L>(x, load, base, shift) / d
     };
     let scale = scale.unwrap_or(1.0);
     Some(Centring::Centred {
