@@ -3,21 +3,25 @@
 //!
 //! `cargo bench --bench backward`. Each group reports bytes per second over
 //! those `3 · n · size_of::<A>()` bytes, for
-//! - `copy`: `dx = x + dy` into a buffer allocated once (the bandwidth floor),
-//! - `copy_alloc`: the same into a freshly allocated array, as the
-//!   gradients are returned,
-//! - `layer_norm_backward` (statistics recomputed),
-//! - `layer_norm_backward_with_stats` (statistics from the forward pass),
-//! - `rms_norm_backward`.
+//! - `copy`: `dx = x + dy` into a buffer allocated once, the floor of the
+//!   `_into` forms, which write into a caller's buffer;
+//! - `alloc_copy`: the same into a fresh `Array::zeros`, the floor of the
+//!   allocating forms, which return `dx` in a new array;
+//! - `layer_norm_backward` (statistics recomputed), its `_into` form, and
+//!   `layer_norm_backward_with_stats(_into)` (statistics saved by the
+//!   forward pass);
+//! - `rms_norm_backward` and its `_into` form.
 //!
-//! The arrays hold 2²² elements (16 MiB per array in f32), well beyond the
-//! L2 cache, in rows of d ∈ {64, 768, 4096}.
+//! The arrays hold 2²² elements (16 MiB per array in f32, 32 MiB in f64),
+//! well beyond the L2 cache, in rows of d ∈ {64, 768, 4096}. The ratios to
+//! the copies are what to compare: on a shared machine the absolute figures
+//! move with the load, the ratios much less.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ndarray::{Array1, Array2, Zip};
+use ndarray::{Array1, Array2};
 use ndarray_layernorm::prelude::*;
 
 const ELEMENTS: usize = 1 << 22;
@@ -34,7 +38,18 @@ fn values(seed: u64, n: usize) -> Vec<f64> {
         .collect()
 }
 
-fn group<A: NormScalar + std::ops::Add<Output = A>>(c: &mut Criterion, name: &str) {
+/// `out = x + dy`, element by element: reads and writes the bytes backward
+/// must touch.
+fn copy<A: NormScalar>(out: &mut Array2<A>, x: &Array2<A>, dy: &Array2<A>) {
+    let (Some(out), Some(x), Some(dy)) = (out.as_slice_mut(), x.as_slice(), dy.as_slice()) else {
+        unreachable!("standard layout")
+    };
+    for ((o, &a), &b) in out.iter_mut().zip(x).zip(dy) {
+        *o = a + b;
+    }
+}
+
+fn group<A: NormScalar>(c: &mut Criterion, name: &str) {
     let mut group = c.benchmark_group(format!("backward_{name}"));
     group
         .sample_size(10)
@@ -55,6 +70,7 @@ fn group<A: NormScalar + std::ops::Add<Output = A>>(c: &mut Criterion, name: &st
         let beta = Array1::zeros(d);
         let eps = A::from(1e-5).unwrap_or_else(A::zero);
         let (_, stats) = x.layer_norm_train(&gamma, &beta, eps).expect("valid");
+        let (_, rms_stats) = x.rms_norm_train(&gamma, eps).expect("valid");
         group.throughput(Throughput::Bytes(
             (3 * rows * d * std::mem::size_of::<A>()) as u64,
         ));
@@ -62,18 +78,27 @@ fn group<A: NormScalar + std::ops::Add<Output = A>>(c: &mut Criterion, name: &st
         let mut dx = Array2::<A>::zeros((rows, d));
         group.bench_function(BenchmarkId::new("copy", d), |b| {
             b.iter(|| {
-                Zip::from(&mut dx)
-                    .and(&x)
-                    .and(&dy)
-                    .for_each(|o, &a, &b| *o = a + b);
+                copy(&mut dx, &x, &dy);
                 black_box(&dx);
             })
         });
-        group.bench_function(BenchmarkId::new("copy_alloc", d), |b| {
-            b.iter(|| black_box(Zip::from(&x).and(&dy).map_collect(|&a, &b| a + b)))
+        group.bench_function(BenchmarkId::new("alloc_copy", d), |b| {
+            b.iter(|| {
+                let mut out = Array2::<A>::zeros((rows, d));
+                copy(&mut out, &x, &dy);
+                black_box(out)
+            })
         });
         group.bench_function(BenchmarkId::new("layer_norm_backward", d), |b| {
             b.iter(|| black_box(x.layer_norm_backward(&dy, &gamma, eps).expect("valid")))
+        });
+        group.bench_function(BenchmarkId::new("layer_norm_backward_into", d), |b| {
+            b.iter(|| {
+                black_box(
+                    x.layer_norm_backward_into(&mut dx, &dy, &gamma, eps)
+                        .expect("valid"),
+                )
+            })
         });
         group.bench_function(BenchmarkId::new("layer_norm_backward_with_stats", d), |b| {
             b.iter(|| {
@@ -83,9 +108,39 @@ fn group<A: NormScalar + std::ops::Add<Output = A>>(c: &mut Criterion, name: &st
                 )
             })
         });
+        group.bench_function(
+            BenchmarkId::new("layer_norm_backward_with_stats_into", d),
+            |b| {
+                b.iter(|| {
+                    black_box(
+                        x.layer_norm_backward_with_stats_into(&mut dx, &dy, &gamma, &stats)
+                            .expect("valid"),
+                    )
+                })
+            },
+        );
         group.bench_function(BenchmarkId::new("rms_norm_backward", d), |b| {
             b.iter(|| black_box(x.rms_norm_backward(&dy, &gamma, eps).expect("valid")))
         });
+        group.bench_function(BenchmarkId::new("rms_norm_backward_into", d), |b| {
+            b.iter(|| {
+                black_box(
+                    x.rms_norm_backward_into(&mut dx, &dy, &gamma, eps)
+                        .expect("valid"),
+                )
+            })
+        });
+        group.bench_function(
+            BenchmarkId::new("rms_norm_backward_with_stats_into", d),
+            |b| {
+                b.iter(|| {
+                    black_box(
+                        x.rms_norm_backward_with_stats_into(&mut dx, &dy, &gamma, &rms_stats)
+                            .expect("valid"),
+                    )
+                })
+            },
+        );
     }
     group.finish();
 }

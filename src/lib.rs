@@ -28,8 +28,8 @@
 //! | [`LayerNormExt`] | `layer_norm`, `layer_norm_plain`, and their `_into` and `_inplace` forms |
 //! | [`RmsNormExt`] | `rms_norm`, `rms_norm_plain`, and their `_into` and `_inplace` forms |
 //! | [`RowStatsExt`] | `stats`: `(mean, rms)` of every row |
-//! | [`LayerNormBackwardExt`] | `layer_norm_backward`, `layer_norm_train`, `layer_norm_backward_with_stats` |
-//! | [`RmsNormBackwardExt`] | `rms_norm_backward`, `rms_norm_train`, `rms_norm_backward_with_stats` |
+//! | [`LayerNormBackwardExt`] | `layer_norm_backward`, `layer_norm_train`, `layer_norm_backward_with_stats`, and the `_into` forms of the two backward passes |
+//! | [`RmsNormBackwardExt`] | `rms_norm_backward`, `rms_norm_train`, `rms_norm_backward_with_stats`, and the `_into` forms of the two backward passes |
 //! | [`AddNormExt`] | `add_layer_norm`, `add_rms_norm` (residual add fused with the norm) and their `_inplace` forms |
 //!
 //! For training, the layers [`LayerNorm`] and [`RmsNorm`] own their
