@@ -62,3 +62,20 @@ pub(crate) fn same_shape<A, D: Dimension>(
         })
     }
 }
+
+/// An array or saved statistics that must belong to an input of `x`'s shape.
+pub(crate) fn shape_of<A, D: Dimension>(
+    operand: Operand,
+    x: &ArrayRef<A, D>,
+    found: &[usize],
+) -> Result<(), NormError> {
+    if x.shape() == found {
+        Ok(())
+    } else {
+        Err(NormError::ShapeMismatch {
+            operand,
+            expected: x.shape().to_vec(),
+            found: found.to_vec(),
+        })
+    }
+}

@@ -13,6 +13,12 @@ pub enum Operand {
     Beta,
     /// A caller-provided output array.
     Output,
+    /// The gradient `dy` of the loss with respect to the output.
+    Gradient,
+    /// The residual added to the input by the fused forms.
+    Residual,
+    /// The statistics saved by a training forward pass.
+    Stats,
 }
 
 impl fmt::Display for Operand {
@@ -21,6 +27,9 @@ impl fmt::Display for Operand {
             Operand::Gamma => "gamma",
             Operand::Beta => "beta",
             Operand::Output => "output",
+            Operand::Gradient => "dy",
+            Operand::Residual => "residual",
+            Operand::Stats => "stats",
         })
     }
 }

@@ -28,6 +28,12 @@
 //! | [`LayerNormExt`] | `layer_norm`, `layer_norm_plain`, and their `_into` and `_inplace` forms |
 //! | [`RmsNormExt`] | `rms_norm`, `rms_norm_plain`, and their `_into` and `_inplace` forms |
 //! | [`RowStatsExt`] | `stats`: `(mean, rms)` of every row |
+//! | [`LayerNormBackwardExt`] | `layer_norm_backward`, `layer_norm_train`, `layer_norm_backward_with_stats`, and the `_into` forms of the two backward passes |
+//! | [`RmsNormBackwardExt`] | `rms_norm_backward`, `rms_norm_train`, `rms_norm_backward_with_stats`, and the `_into` forms of the two backward passes |
+//! | [`AddNormExt`] | `add_layer_norm`, `add_rms_norm` (residual add fused with the norm) and their `_inplace` forms |
+//!
+//! For training, the layers [`LayerNorm`] and [`RmsNorm`] own their
+//! parameters and offer `forward`, `forward_train` and `backward`.
 //!
 //! The `_plain` forms leave out `gamma` and `beta`. The `_into` forms write
 //! into a caller's array of the input's shape and the `_inplace` forms
@@ -72,10 +78,14 @@
 
 #![doc(test(attr(deny(warnings))))]
 
+mod backward;
+mod blocks;
 mod check;
 mod error;
+mod fused;
 mod kernel;
 mod layer_norm;
+mod module;
 mod rms_norm;
 mod rows;
 mod scalar;
@@ -86,6 +96,13 @@ pub use crate::layer_norm::LayerNormExt;
 pub use crate::rms_norm::RmsNormExt;
 pub use crate::scalar::NormScalar;
 pub use crate::stats::RowStatsExt;
+
+pub use crate::backward::{
+    LayerNormBackwardExt, LayerNormGrads, LayerNormStats, RmsNormBackwardExt, RmsNormGrads,
+    RmsNormStats,
+};
+pub use crate::fused::AddNormExt;
+pub use crate::module::{LayerNorm, RmsNorm};
 
 /// Everything needed to call the normalisations: the extension traits, the
 /// element trait and the error type.
@@ -103,6 +120,13 @@ pub mod prelude {
     pub use crate::rms_norm::RmsNormExt;
     pub use crate::scalar::NormScalar;
     pub use crate::stats::RowStatsExt;
+
+    pub use crate::backward::{
+        LayerNormBackwardExt, LayerNormGrads, LayerNormStats, RmsNormBackwardExt, RmsNormGrads,
+        RmsNormStats,
+    };
+    pub use crate::fused::AddNormExt;
+    pub use crate::module::{LayerNorm, RmsNorm};
 }
 
 mod sealed {

@@ -11,6 +11,7 @@
 //! and the summation order is fixed by the source, so every path gives the
 //! same bits; the tests compare them, the plain lane array included.
 
+pub(crate) mod backward;
 mod portable;
 mod short;
 pub(crate) mod simd;
@@ -20,6 +21,7 @@ mod x86;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::scalar::NormScalar;
+use backward::{Inputs, Partials, RowCentring, RowScaling, Saved};
 
 /// One row's input and where its output goes.
 pub(crate) enum Io<'a, A> {
@@ -70,21 +72,24 @@ pub(crate) enum Affine<'a, A> {
     Scale(&'a [A]),
     /// `y = n * gamma + beta`.
     ScaleShift(&'a [A], &'a [A]),
+    /// `y = n * (1 + w)`, the zero-centred gain, with `1 + w` formed in
+    /// `f64`.
+    OnePlus(&'a [A]),
 }
 
 impl<'a, A> Affine<'a, A> {
-    /// `gamma`, or an empty slice.
+    /// `gamma` (`w` for [`Affine::OnePlus`]), or an empty slice.
     fn gamma(self) -> &'a [A] {
         match self {
             Affine::Identity => &[],
-            Affine::Scale(gamma) | Affine::ScaleShift(gamma, _) => gamma,
+            Affine::Scale(gamma) | Affine::ScaleShift(gamma, _) | Affine::OnePlus(gamma) => gamma,
         }
     }
 
     /// `beta`, or an empty slice.
     fn beta(self) -> &'a [A] {
         match self {
-            Affine::Identity | Affine::Scale(_) => &[],
+            Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => &[],
             Affine::ScaleShift(_, beta) => beta,
         }
     }
@@ -174,13 +179,13 @@ impl Isa {
 /// Declares a kernel entry point that runs `portable::$name` compiled for
 /// the given [`Isa`].
 macro_rules! dispatch {
-    ($(#[$doc:meta])* $vis:vis fn $name:ident<A>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;) => {
+    (in $module:ident: $(#[$doc:meta])* $vis:vis fn $name:ident<A>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;) => {
         $(#[$doc])*
         #[inline]
         $vis fn $name<A: NormScalar>(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
             match isa {
-                Isa::Portable => portable::$name::<A, simd::Portable>($($arg),*),
-                Isa::Baseline => portable::$name::<A, BaselineVector>($($arg),*),
+                Isa::Portable => $module::$name::<A, simd::Portable>($($arg),*),
+                Isa::Baseline => $module::$name::<A, BaselineVector>($($arg),*),
                 // SAFETY: `Isa::Avx2` is only constructed after
                 // `is_x86_feature_detected!` confirmed AVX2 on this CPU.
                 #[cfg(target_arch = "x86_64")]
@@ -191,6 +196,9 @@ macro_rules! dispatch {
                 Isa::Avx512 => unsafe { x86::avx512::$name($($arg),*) },
             }
         }
+    };
+    ($(#[$doc:meta])* $vis:vis fn $name:ident<A>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;) => {
+        dispatch! { in portable: $(#[$doc])* $vis fn $name<A>($($arg: $ty),*) $(-> $ret)?; }
     };
 }
 
@@ -209,8 +217,58 @@ dispatch! {
     pub(crate) fn row_stats<A>(x: &[A]) -> (f64, f64);
 }
 
+dispatch! { in backward:
+    /// LayerNorm of a block of rows of length `d` (`x` and `y` of the same
+    /// length), with the bits of [`layer_norm_row`], saving each row's
+    /// statistics in `stats` (one entry per row).
+    pub(crate) fn layer_norm_train_block<A>(
+        x: &[A],
+        y: &mut [A],
+        d: usize,
+        affine: Affine<'_, A>,
+        eps: f64,
+        stats: &mut [RowCentring],
+    );
+}
+
+dispatch! { in backward:
+    /// RMSNorm of a block of rows of length `d`, with the bits of
+    /// [`rms_norm_row`], saving each row's statistics in `stats`.
+    pub(crate) fn rms_norm_train_block<A>(
+        x: &[A],
+        y: &mut [A],
+        d: usize,
+        affine: Affine<'_, A>,
+        eps: f64,
+        stats: &mut [RowScaling],
+    );
+}
+
+dispatch! { in backward:
+    /// LayerNorm backward of a block of rows: writes `dx` and adds each
+    /// row's `dy ⊙ n` and `dy` to `partials`, in row order.
+    pub(crate) fn layer_norm_backward_block<A>(
+        inputs: Inputs<'_, A>,
+        dx: &mut [A],
+        saved: Saved<'_, RowCentring>,
+        partials: &mut Partials,
+    );
+}
+
+dispatch! { in backward:
+    /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
+    /// `dy ⊙ n` to `partials.dgamma`, in row order.
+    pub(crate) fn rms_norm_backward_block<A>(
+        inputs: Inputs<'_, A>,
+        dx: &mut [A],
+        saved: Saved<'_, RowScaling>,
+        partials: &mut Partials,
+    );
+}
+
 #[cfg(test)]
 mod tests {
+    use super::backward::Gain;
     use super::*;
 
     /// Rows of awkward lengths and values, deterministic.
@@ -369,6 +427,140 @@ mod tests {
             let values = slab(rows, d);
             check_blocks::<f64>(&values, rows, d);
             check_blocks::<f32>(&values, rows, d);
+        }
+    }
+
+    /// Everything the training kernels produce for one block, as bits.
+    #[derive(Debug, PartialEq)]
+    struct TrainingBits {
+        forward: Vec<u64>,
+        stats: Vec<u64>,
+        dx: Vec<u64>,
+        dgamma: Vec<u64>,
+        dbeta: Vec<u64>,
+    }
+
+    fn bits_of<A: NormScalar>(values: &[A]) -> Vec<u64> {
+        values.iter().map(|v| v.widen().to_bits()).collect()
+    }
+
+    /// Runs every training kernel on `block` (rows of length `d`) with one
+    /// instruction set: the forward passes that save statistics, and the
+    /// backward passes from saved and from recomputed statistics, with both
+    /// kinds of gain.
+    fn run_training<A: NormScalar>(isa: Isa, block: &[A], d: usize, eps: f64) -> TrainingBits {
+        let rows = block.len() / d;
+        let gamma: Vec<A> = (0..d).map(|i| A::narrow(0.5 + i as f64 / 7.0)).collect();
+        let beta: Vec<A> = (0..d).map(|i| A::narrow(i as f64 / 3.0 - 1.0)).collect();
+        let dy: Vec<A> = (0..block.len())
+            .map(|i| A::narrow(((i * 37) % 23) as f64 / 11.0 - 1.0))
+            .collect();
+        let mut bits = TrainingBits {
+            forward: Vec::new(),
+            stats: Vec::new(),
+            dx: Vec::new(),
+            dgamma: Vec::new(),
+            dbeta: Vec::new(),
+        };
+        let mut y = vec![A::zero(); block.len()];
+        let mut centring = vec![RowCentring::NOT_FINITE; rows];
+        let affine = Affine::ScaleShift(&gamma, &beta);
+        layer_norm_train_block(isa, block, &mut y, d, affine, eps, &mut centring);
+        bits.forward.extend(bits_of(&y));
+        bits.stats.extend(centring.iter().flat_map(|s| s.to_bits()));
+        let mut scaling = vec![RowScaling::NOT_FINITE; rows];
+        for affine in [Affine::Scale(&gamma[..]), Affine::OnePlus(&gamma)] {
+            rms_norm_train_block(isa, block, &mut y, d, affine, eps, &mut scaling);
+            bits.forward.extend(bits_of(&y));
+            bits.stats.extend(scaling.iter().flat_map(|s| s.to_bits()));
+        }
+        let mut dx = vec![A::zero(); block.len()];
+        let mut partials = Partials::new(d);
+        // Statistics recomputed and saved by the forward pass must give the
+        // same bits.
+        let grads = |bits: &mut TrainingBits, dx: &[A], partials: &Partials, recomputed: bool| {
+            let dx = bits_of(dx);
+            let dgamma = bits_of(&partials.dgamma[..d]);
+            let dbeta = bits_of(&partials.dbeta[..d]);
+            if !recomputed {
+                let n = dx.len();
+                assert_eq!(
+                    bits.dx[bits.dx.len() - n..],
+                    dx,
+                    "{isa:?}: saved vs recomputed"
+                );
+                assert_eq!(bits.dgamma[bits.dgamma.len() - d..], dgamma);
+                assert_eq!(bits.dbeta[bits.dbeta.len() - d..], dbeta);
+            }
+            bits.dx.extend(dx);
+            bits.dgamma.extend(dgamma);
+            bits.dbeta.extend(dbeta);
+        };
+        for gain in [Gain::Gamma(&gamma[..]), Gain::OnePlus(&gamma)] {
+            let gain = gain.widened();
+            for saved in [Saved::Compute(eps), Saved::Rows(&centring)] {
+                partials.clear();
+                let inputs = Inputs {
+                    x: block,
+                    dy: &dy,
+                    d,
+                    gain: &gain,
+                };
+                layer_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
+                grads(
+                    &mut bits,
+                    &dx,
+                    &partials,
+                    matches!(saved, Saved::Compute(_)),
+                );
+            }
+            for saved in [Saved::Compute(eps), Saved::Rows(&scaling)] {
+                partials.clear();
+                let inputs = Inputs {
+                    x: block,
+                    dy: &dy,
+                    d,
+                    gain: &gain,
+                };
+                rms_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
+                grads(
+                    &mut bits,
+                    &dx,
+                    &partials,
+                    matches!(saved, Saved::Compute(_)),
+                );
+            }
+        }
+        bits
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_same_training_bits() {
+        // Blocks of the rows above, one block per length: rows with an
+        // offset, huge and tiny rows (rescaled inside), a constant row (with
+        // eps = 0 it has no derivative), plus an all-zero row and a row
+        // holding a NaN.
+        let rows = rows();
+        for d in [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 768, 1025] {
+            let mut block: Vec<f64> = rows
+                .iter()
+                .filter(|row| row.len() == d)
+                .flatten()
+                .copied()
+                .collect();
+            block.extend(std::iter::repeat_n(0.0, d));
+            block.extend((0..d).map(|i| if i == d / 2 { f64::NAN } else { i as f64 }));
+            let narrow: Vec<f32> = block.iter().map(|&v| v as f32).collect();
+            for eps in [0.0, 1e-5] {
+                let reference = run_training(Isa::Portable, &block, d, eps);
+                let reference32 = run_training(Isa::Portable, &narrow, d, eps);
+                for isa in Isa::available() {
+                    let other = run_training(isa, &block, d, eps);
+                    assert!(reference == other, "f64 d {d} eps {eps}: {isa:?}");
+                    let other = run_training(isa, &narrow, d, eps);
+                    assert!(reference32 == other, "f32 d {d} eps {eps}: {isa:?}");
+                }
+            }
         }
     }
 

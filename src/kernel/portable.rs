@@ -94,7 +94,7 @@ impl Load for Scaled {
 
 /// A chunk-sized copy of `tail` (shorter than a chunk), padded with zeros.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
+pub(super) fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
     let mut chunk = [A::zero(); LANES];
     for (slot, &value) in chunk.iter_mut().zip(tail) {
         *slot = value;
@@ -103,7 +103,7 @@ fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
 }
 
 /// Accumulator state that can keep only some lanes of an update.
-trait Blend: Copy {
+pub(super) trait Blend: Copy {
     /// Lanes below `active` from `self`, the others from `old`.
     fn blend(self, old: Self, active: usize) -> Self;
 }
@@ -126,7 +126,7 @@ impl<P: Blend, Q: Blend> Blend for (P, Q) {
 /// `#[inline(always)]` method rather than as a closure: a closure is compiled
 /// on its own, without the trampoline's target features, and the vector
 /// instructions inside it would then be calls.
-trait Fold<V>: Copy {
+pub(super) trait Fold<V>: Copy {
     type State: Blend;
     fn step(self, state: Self::State, value: V) -> Self::State;
     /// Called after every block of [`BLOCK`] vectors, and after the last.
@@ -137,7 +137,7 @@ trait Fold<V>: Copy {
 }
 
 /// Vectors per block of a [`BlockedSum`].
-const BLOCK: usize = 8;
+pub(super) const BLOCK: usize = 8;
 
 /// Folds over the row one vector at a time: element `i` goes to lane
 /// `i % LANES`. The last, partial chunk is padded with zeros, and only its
@@ -167,7 +167,7 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
 /// The lanes added by a fixed halving tree (lane `l` takes lane `l + w` for
 /// `w = LANES/2, LANES/4, …, 1`).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn lane_sum<V: Vector>(mut v: V) -> f64 {
+pub(super) fn lane_sum<V: Vector>(mut v: V) -> f64 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -259,14 +259,14 @@ impl<V: Vector> Blend for CompensatedSum<V> {
 /// lane, about `BLOCK · 2⁻⁵³` of the sum of magnitudes, whatever the row
 /// length, at close to the cost of a plain sum.
 #[derive(Clone, Copy)]
-struct BlockedSum<V> {
+pub(super) struct BlockedSum<V> {
     block: V,
     total: CompensatedSum<V>,
 }
 
 impl<V: Vector> BlockedSum<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         BlockedSum {
             block: V::splat(0.0),
             total: CompensatedSum::new(),
@@ -274,7 +274,7 @@ impl<V: Vector> BlockedSum<V> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn add(self, value: V) -> Self {
+    pub(super) fn add(self, value: V) -> Self {
         BlockedSum {
             block: self.block + value,
             total: self.total,
@@ -282,7 +282,7 @@ impl<V: Vector> BlockedSum<V> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn flush(self) -> Self {
+    pub(super) fn flush(self) -> Self {
         BlockedSum {
             block: V::splat(0.0),
             total: self.total.add(self.block),
@@ -296,7 +296,7 @@ impl<V: Vector> BlockedSum<V> {
     /// few more roundings of the sum of magnitudes are affordable: the trees
     /// add at most `⌈log₂ LANES⌉ + 1` of them to the block sums' `BLOCK`.
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn plain_total(self) -> f64 {
+    pub(super) fn plain_total(self) -> f64 {
         lane_sum(self.total.high) + lane_sum(self.total.low)
     }
 }
@@ -464,8 +464,15 @@ impl<V: Vector> Fold<V> for CentredSquares<V> {
     }
 }
 
+/// `Σ ((xᵢ - base) - shift)²` of an unscaled row, as [`exact_centring`]
+/// sums it when the short variance formula would cancel.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn centred_square_sum<A: NormScalar, V: Vector, L: Load>(
+pub(super) fn centred_square_sum<A: NormScalar, V: Vector>(x: &[A], base: f64, shift: f64) -> f64 {
+    centred_square_sum_with::<A, V, _>(x, Unscaled, base, shift)
+}
+
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn centred_square_sum_with<A: NormScalar, V: Vector, L: Load>(
     x: &[A],
     load: L,
     base: f64,
@@ -541,7 +548,7 @@ fn scale_towards_one(magnitude: f64) -> f64 {
 /// `eps` is scaled alike. An all-zero row with `eps = 0` gets 0, so its
 /// output is 0 rather than `0 · ∞`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
+pub(super) fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
     let scaled_eps = eps * scale * scale;
     if scaled_eps.is_finite() {
         let denominator = mean_square + scaled_eps;
@@ -558,6 +565,7 @@ fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
 }
 
 /// What the output pass of LayerNorm needs for one row.
+#[derive(Clone, Copy)]
 pub(super) enum Centring {
     /// `nᵢ = ((xᵢ · scale - base) - shift) · inv_std`.
     Centred {
@@ -575,6 +583,11 @@ pub(super) enum Centring {
 /// LayerNorm statistics of one row (`x` non-empty).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+    if x.len() <= SHORT_ROW {
+        if let Some(centring) = short::centring(x, eps) {
+            return centring;
+        }
+    }
     if size_of::<A>() == size_of::<f32>() {
         if let Some(centring) = single_precision_centring::<A, V>(x, eps) {
             return centring;
@@ -603,7 +616,10 @@ const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 /// The variance needs no such care: its relative error, about
 /// `(BLOCK + d · shift² / Σ eᵢ²) · 2⁻⁵³`, stays far below `f32` precision.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<Centring> {
+pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
+    x: &[A],
+    eps: f64,
+) -> Option<Centring> {
     let d = x.len() as f64;
     let first = first_loaded::<A, V, _>(x, Unscaled);
     let (sum, (min, max)) = fold_row(x, Unscaled, (V::splat(0.0), (first, first)), PlainSpread);
@@ -646,34 +662,115 @@ fn single_precision_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Opt
 
 /// LayerNorm statistics with the exact mean split of the module docs.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+    match centring_first_pass::<A, V>(x, eps) {
+        FirstPass::Finished(centring) => centring,
+        FirstPass::Deviations {
+            base,
+            shift,
+            magnitude,
+        } => {
+            let d = x.len() as f64;
+            let squares = centred_square_sum_with::<A, V, _>(x, Unscaled, base, 0.0);
+            let var = match variance(squares, d, shift, eps) {
+                Variance::Short(var) => var,
+                Variance::Centred => {
+                    centred_square_sum_with::<A, V, _>(x, Unscaled, base, shift) / d
+                }
+                Variance::Rescale => return rescaled_centring::<A, V>(x, eps, magnitude),
+            };
+            Centring::Centred {
+                scale: 1.0,
+                base,
+                shift,
+                inv_std: inverse_root(var, eps, 1.0),
+            }
+        }
+    }
+}
+
+/// The outcome of pass 1 of the exact centring.
+pub(super) enum FirstPass {
+    /// The statistics, without further passes over the unscaled row.
+    Finished(Centring),
+    /// The mean split `base + shift`: the deviations `xᵢ - base` come next.
+    Deviations {
+        base: f64,
+        shift: f64,
+        magnitude: f64,
+    },
+}
+
+/// Pass 1 of [`exact_centring`]: the compensated sum with the extremes, and
+/// the cases it settles (a NaN or an infinity, a constant row, a row that
+/// must be rescaled).
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
     let spread_ = spread::<A, V, _>(x, Unscaled);
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
-        return Centring::NotFinite;
+        return FirstPass::Finished(Centring::NotFinite);
     }
     if spread_.min == spread_.max {
-        return Centring::Constant;
+        return FirstPass::Finished(Centring::Constant);
     }
-    if spread_.sum.hi.is_finite() && spread_.magnitude() < HUGE_MAGNITUDE {
-        if let Some(centring) = centre::<A, V, _>(x, Unscaled, spread_.sum, eps, None) {
-            return centring;
-        }
+    let magnitude = spread_.magnitude();
+    if spread_.sum.hi.is_finite() && magnitude < HUGE_MAGNITUDE {
+        let Pair {
+            hi: base,
+            lo: shift,
+        } = spread_.sum.divide(x.len() as f64);
+        return FirstPass::Deviations {
+            base,
+            shift,
+            magnitude,
+        };
     }
-    rescaled_centring::<A, V>(x, eps, spread_.magnitude())
+    FirstPass::Finished(rescaled_centring::<A, V>(x, eps, magnitude))
+}
+
+/// How the variance follows from `Σ (xᵢ - base)²` of an unscaled row.
+pub(super) enum Variance {
+    /// `Σ (xᵢ - base)² / d - shift²`.
+    Short(f64),
+    /// The short formula would cancel: the variance is
+    /// `Σ ((xᵢ - base) - shift)² / d`, one more pass.
+    Centred,
+    /// The squares overflow, or underflow while `eps` is too small to hide
+    /// it: the row must be rescaled.
+    Rescale,
+}
+
+/// Pass 2 of [`exact_centring`] after its sum: see [`Variance`].
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn variance(squares: f64, d: f64, shift: f64, eps: f64) -> Variance {
+    if !squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY) {
+        return Variance::Rescale;
+    }
+    let mean_square = squares / d;
+    if shift * shift <= mean_square * SHIFT_TOLERANCE {
+        Variance::Short(mean_square - shift * shift)
+    } else {
+        Variance::Centred
+    }
 }
 
 /// [`centring`] of a row whose squares overflow or underflow: computed on
 /// `x · 2ᵏ`. Rare, so kept out of line.
 #[inline(never)]
-fn rescaled_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64, magnitude: f64) -> Centring {
+pub(super) fn rescaled_centring<A: NormScalar, V: Vector>(
+    x: &[A],
+    eps: f64,
+    magnitude: f64,
+) -> Centring {
     let scale = scale_towards_one(magnitude);
     let scaled_sum = spread::<A, V, _>(x, Scaled(scale)).sum;
     centre::<A, V, _>(x, Scaled(scale), scaled_sum, eps, Some(scale)).unwrap_or(Centring::NotFinite)
 }
 
 /// Passes 2 and 3 of the scheme in the module docs. `scale` is `None` on the
-/// first attempt, which returns `None` when the row needs rescaling.
+/// first attempt, which returns `None` when the row needs rescaling
+/// ([`exact_centring`] spells that attempt out with [`variance`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn centre<A: NormScalar, V: Vector, L: Load>(
     x: &[A],
@@ -687,7 +784,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
         hi: base,
         lo: shift,
     } = sum.divide(d);
-    let squares = centred_square_sum::<A, V, L>(x, load, base, 0.0);
+    let squares = centred_square_sum_with::<A, V, L>(x, load, base, 0.0);
     if scale.is_none() && (!squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
     {
         return None;
@@ -696,7 +793,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
     let var = if shift * shift <= mean_square * SHIFT_TOLERANCE {
         mean_square - shift * shift
     } else {
-        centred_square_sum::<A, V, L>(x, load, base, shift) / d
+        centred_square_sum_with::<A, V, L>(x, load, base, shift) / d
     };
     let scale = scale.unwrap_or(1.0);
     Some(Centring::Centred {
@@ -711,17 +808,29 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
 /// or `None` if the row holds a NaN or an infinity.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
-    let d = x.len() as f64;
-    let squares = square_sum::<A, V, _>(x, Unscaled);
-    if squares.is_finite() && !(squares < TINY_SQUARES && eps < EPS_HIDES_TINY) {
-        return Some((1.0, inverse_root(squares / d, eps, 1.0)));
+    if x.len() <= SHORT_ROW {
+        if let Some(scaling) = short::rms_scaling(x, eps) {
+            return Some(scaling);
+        }
     }
-    rescaled_rms_scaling::<A, V>(x, eps)
+    let squares = square_sum::<A, V, _>(x, Unscaled);
+    rms_from_squares(squares, x.len() as f64, eps).or_else(|| rescaled_rms_scaling::<A, V>(x, eps))
+}
+
+/// [`rms_scaling`] from `Σ xᵢ²` of the unscaled row, or `None` if the row
+/// must be rescaled (or holds a NaN or an infinity).
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_from_squares(squares: f64, d: f64, eps: f64) -> Option<(f64, f64)> {
+    (squares.is_finite() && !(squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
+        .then(|| (1.0, inverse_root(squares / d, eps, 1.0)))
 }
 
 /// [`rms_scaling`] of a row whose squares overflow or underflow. Rare.
 #[inline(never)]
-fn rescaled_rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
+pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
+    x: &[A],
+    eps: f64,
+) -> Option<(f64, f64)> {
     if !all_finite(x) {
         return None;
     }
@@ -794,18 +903,30 @@ fn rescaled_row_stats<A: NormScalar, V: Vector>(x: &[A], magnitude: f64) -> (f64
 
 /// Normalisation of one vector of inputs (a struct, not a closure, for the
 /// reason given at [`Fold`]).
-trait Normalise<V>: Copy {
+pub(super) trait Normalise<V>: Copy {
     fn apply(self, x: V) -> V;
 }
 
 /// `((x · scale - base) - shift) · inv_std`; the `scale` multiplication is
 /// skipped when it is 1 (multiplying by 1 is exact, so the bits agree).
 #[derive(Clone, Copy)]
-struct Centre<V> {
+pub(super) struct Centre<V> {
     scale: Option<V>,
     base: V,
     shift: V,
     inv_std: V,
+}
+
+impl<V: Vector> Centre<V> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub(super) fn new(scale: f64, base: f64, shift: f64, inv_std: f64) -> Self {
+        Centre {
+            scale: optional_scale::<V>(scale),
+            base: V::splat(base),
+            shift: V::splat(shift),
+            inv_std: V::splat(inv_std),
+        }
+    }
 }
 
 impl<V: Vector> Normalise<V> for Centre<V> {
@@ -821,9 +942,19 @@ impl<V: Vector> Normalise<V> for Centre<V> {
 
 /// `(x · scale) · inv_rms`, the `scale` multiplication skipped when it is 1.
 #[derive(Clone, Copy)]
-struct Rescale<V> {
+pub(super) struct Rescale<V> {
     scale: Option<V>,
     inv_rms: V,
+}
+
+impl<V: Vector> Rescale<V> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub(super) fn new(scale: f64, inv_rms: f64) -> Self {
+        Rescale {
+            scale: optional_scale::<V>(scale),
+            inv_rms: V::splat(inv_rms),
+        }
+    }
 }
 
 impl<V: Vector> Normalise<V> for Rescale<V> {
@@ -923,6 +1054,7 @@ fn write_chunk<A: NormScalar, V: Vector, N: Normalise<V>>(
     match (affine, gamma, beta) {
         (Affine::ScaleShift(..), Some(g), Some(b)) => n * A::load(g) + A::load(b),
         (Affine::Scale(_), Some(g), _) => n * A::load(g),
+        (Affine::OnePlus(_), Some(w), _) => n * (A::load::<V>(w) + V::splat(1.0)),
         _ => n,
     }
 }
@@ -955,30 +1087,33 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
 /// LayerNorm of one row of any length.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn general_layer_norm_row<A: NormScalar, V: Vector>(
-    mut io: Io<'_, A>,
+    io: Io<'_, A>,
     affine: Affine<'_, A>,
     eps: f64,
 ) {
-    match centring::<A, V>(io.input(), eps) {
+    let centring = centring::<A, V>(io.input(), eps);
+    write_layer_norm::<A, V>(io, affine, centring);
+}
+
+/// Writes LayerNorm's output for the row's `centring`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
+    mut io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    centring: Centring,
+) {
+    match centring {
         Centring::Centred {
             scale,
             base,
             shift,
             inv_std,
-        } => {
-            let norm = Centre {
-                scale: optional_scale::<V>(scale),
-                base: V::splat(base),
-                shift: V::splat(shift),
-                inv_std: V::splat(inv_std),
-            };
-            write_row(io, affine, norm);
-        }
+        } => write_row(io, affine, Centre::<V>::new(scale, base, shift, inv_std)),
         // The normalised value is exactly 0, so the output is exactly beta
         // (copied, so that even the sign of a zero beta survives).
         Centring::Constant => match affine {
             Affine::ScaleShift(_, beta) => io.output().copy_from_slice(beta),
-            Affine::Identity | Affine::Scale(_) => io.output().fill(A::zero()),
+            Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => io.output().fill(A::zero()),
         },
         Centring::NotFinite => io.output().fill(A::nan()),
     }
@@ -1005,18 +1140,24 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 /// RMSNorm of one row of any length.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn general_rms_norm_row<A: NormScalar, V: Vector>(
-    mut io: Io<'_, A>,
+    io: Io<'_, A>,
     affine: Affine<'_, A>,
     eps: f64,
 ) {
-    match rms_scaling::<A, V>(io.input(), eps) {
-        Some((scale, inv_rms)) => {
-            let norm = Rescale {
-                scale: optional_scale::<V>(scale),
-                inv_rms: V::splat(inv_rms),
-            };
-            write_row(io, affine, norm);
-        }
+    let scaling = rms_scaling::<A, V>(io.input(), eps);
+    write_rms_norm::<A, V>(io, affine, scaling);
+}
+
+/// Writes RMSNorm's output for the row's scaling (`None`: the row holds a
+/// NaN or an infinity).
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn write_rms_norm<A: NormScalar, V: Vector>(
+    mut io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    scaling: Option<(f64, f64)>,
+) {
+    match scaling {
+        Some((scale, inv_rms)) => write_row(io, affine, Rescale::<V>::new(scale, inv_rms)),
         None => io.output().fill(A::nan()),
     }
 }

@@ -24,7 +24,7 @@
 
 use super::portable::{
     general_layer_norm_row, general_rms_norm_row, general_row_stats, two_product, two_sum,
-    EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
+    Centring, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{Affine, Io};
@@ -78,7 +78,7 @@ fn inverse_root<T: Arith>(squares: T, d: usize, eps: f64) -> T {
     T::splat(1.0) / (squares / T::splat(d as f64) + T::splat(eps)).sqrt()
 }
 
-/// One output element: `n · γⱼ + βⱼ`, `n · γⱼ` or `n`.
+/// One output element: `n · γⱼ + βⱼ`, `n · γⱼ`, `n · (wⱼ + 1)` or `n`.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A>, j: usize) -> T {
     let feature = |v: &[A], default: f64| v.get(j).map_or(default, |v| v.widen());
@@ -88,6 +88,8 @@ fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A>, j: usize
         Affine::ScaleShift(gamma, beta) => {
             n * T::splat(feature(gamma, 1.0)) + T::splat(feature(beta, 0.0))
         }
+        // As the long-row kernel: `w + 1` formed in f64.
+        Affine::OnePlus(w) => n * T::splat(feature(w, 0.0) + 1.0),
     }
 }
 
@@ -124,16 +126,71 @@ struct LayerNormOp<'a, A> {
     eps: f64,
 }
 
+/// LayerNorm statistics of short rows: `(base, shift, inv_std, check)`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_stats<T: Arith>(columns: &[T], eps: f64) -> (T, T, T, Check<T>) {
+    let (base, shift, min, max) = mean_split(columns);
+    let squares = compensated_squares(columns, base, shift);
+    let inv_std = inverse_root(squares, columns.len(), eps);
+    (base, shift, inv_std, [base, min, max, squares])
+}
+
+/// The statistics of one short row as the long-row kernel's [`Centring`],
+/// or `None` where the long-row kernel must compute them. Writing the row
+/// from them gives exactly the bits of the short path.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Option<Centring> {
+    let (values, d) = widened(x);
+    let (base, shift, inv_std, check) = layer_norm_stats(values.get(..d)?, eps);
+    let op = LayerNormOp::<A> {
+        affine: Affine::Identity,
+        eps,
+    };
+    match op.verdict(check, d) {
+        Verdict::Normalised => Some(Centring::Centred {
+            scale: 1.0,
+            base,
+            shift,
+            inv_std,
+        }),
+        Verdict::Constant => Some(Centring::Constant),
+        Verdict::General => None,
+    }
+}
+
+/// The RMSNorm scale of one short row as the long-row kernel's
+/// `(scale, inv_rms)`, or `None` where the long-row kernel must compute it.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)> {
+    let (values, d) = widened(x);
+    let zero = 0.0;
+    let squares = compensated_squares(values.get(..d)?, zero, zero);
+    let op = RmsNormOp::<A> {
+        affine: Affine::Identity,
+        eps,
+    };
+    (op.verdict([squares, zero, zero, zero], d) == Verdict::Normalised)
+        .then(|| (1.0, inverse_root(squares, d, eps)))
+}
+
+/// A short row widened to `f64`, with its length.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn widened<A: NormScalar>(x: &[A]) -> ([f64; SHORT_ROW], usize) {
+    let mut values = [0.0f64; SHORT_ROW];
+    for (slot, &v) in values.iter_mut().zip(x) {
+        *slot = v.widen();
+    }
+    (values, x.len().min(SHORT_ROW))
+}
+
 impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
-        let (base, shift, min, max) = mean_split(columns);
-        let squares = compensated_squares(columns, base, shift);
-        let inv_std = inverse_root(squares, columns.len(), self.eps);
+        let (base, shift, inv_std, check) = layer_norm_stats(columns, self.eps);
         for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
             *out = affine_element(((x - base) - shift) * inv_std, self.affine, j);
         }
-        [base, min, max, squares]
+        check
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -153,7 +210,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     fn constant_output(self, j: usize) -> A {
         match self.affine {
             Affine::ScaleShift(_, beta) => beta.get(j).copied().unwrap_or(A::zero()),
-            Affine::Identity | Affine::Scale(_) => A::zero(),
+            Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => A::zero(),
         }
     }
 

@@ -267,6 +267,7 @@ vector_type! {
 /// kernel for that set's vector type.
 macro_rules! trampolines {
     ($features:literal, $vector:ty) => {
+        use super::super::backward::{self, Inputs, Partials, RowCentring, RowScaling, Saved};
         use super::super::portable;
         use super::super::{Affine, Io};
         use crate::scalar::NormScalar;
@@ -300,6 +301,58 @@ macro_rules! trampolines {
         #[target_feature(enable = $features)]
         pub(in crate::kernel) unsafe fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
             portable::row_stats::<A, $vector>(x)
+        }
+
+        /// # Safety
+        /// The CPU must support the module's target features.
+        #[target_feature(enable = $features)]
+        pub(in crate::kernel) unsafe fn layer_norm_train_block<A: NormScalar>(
+            x: &[A],
+            y: &mut [A],
+            d: usize,
+            affine: Affine<'_, A>,
+            eps: f64,
+            stats: &mut [RowCentring],
+        ) {
+            backward::layer_norm_train_block::<A, $vector>(x, y, d, affine, eps, stats)
+        }
+
+        /// # Safety
+        /// The CPU must support the module's target features.
+        #[target_feature(enable = $features)]
+        pub(in crate::kernel) unsafe fn rms_norm_train_block<A: NormScalar>(
+            x: &[A],
+            y: &mut [A],
+            d: usize,
+            affine: Affine<'_, A>,
+            eps: f64,
+            stats: &mut [RowScaling],
+        ) {
+            backward::rms_norm_train_block::<A, $vector>(x, y, d, affine, eps, stats)
+        }
+
+        /// # Safety
+        /// The CPU must support the module's target features.
+        #[target_feature(enable = $features)]
+        pub(in crate::kernel) unsafe fn layer_norm_backward_block<A: NormScalar>(
+            inputs: Inputs<'_, A>,
+            dx: &mut [A],
+            saved: Saved<'_, RowCentring>,
+            partials: &mut Partials,
+        ) {
+            backward::layer_norm_backward_block::<A, $vector>(inputs, dx, saved, partials)
+        }
+
+        /// # Safety
+        /// The CPU must support the module's target features.
+        #[target_feature(enable = $features)]
+        pub(in crate::kernel) unsafe fn rms_norm_backward_block<A: NormScalar>(
+            inputs: Inputs<'_, A>,
+            dx: &mut [A],
+            saved: Saved<'_, RowScaling>,
+            partials: &mut Partials,
+        ) {
+            backward::rms_norm_backward_block::<A, $vector>(inputs, dx, saved, partials)
         }
     };
 }

@@ -14,6 +14,8 @@ use ndarray::{
 use ndarray_layernorm::prelude::*;
 use proptest::prelude::*;
 
+pub mod training;
+
 /// Lengths of the last axis drawn by the strategies.
 pub const DIM: RangeInclusive<usize> = 1..=64;
 

@@ -1,0 +1,1089 @@
+//! Gradients of LayerNorm and RMSNorm, and the forward forms that keep what
+//! the gradients need.
+
+use std::borrow::Cow;
+
+use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, RemoveAxis};
+
+use crate::blocks::{RowBlocks, RowBlocksMut};
+use crate::error::{NormError, Operand};
+use crate::kernel::backward::{
+    ColumnSum, Gain, Inputs, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
+};
+use crate::kernel::{self, Affine, Isa};
+use crate::scalar::NormScalar;
+use crate::{check, sealed};
+
+/// The gradients of a LayerNorm with respect to its input and parameters.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::array;
+/// use ndarray_layernorm::prelude::*;
+///
+/// let x = array![[1.0_f64, 3.0], [5.0, 2.0]];
+/// let dy = array![[1.0, 0.0], [0.5, 0.5]];
+/// let LayerNormGrads { dx, dgamma, dbeta } =
+///     x.layer_norm_backward(&dy, &array![1.0, 1.0], 0.0)?;
+/// assert_eq!(dx.shape(), x.shape());
+/// assert_eq!(dbeta, array![1.5, 0.5]); // the sum of dy over rows
+/// # let _ = dgamma;
+/// # Ok::<(), NormError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormGrads<A, D: Dimension> {
+    /// The gradient with respect to the input, of the input's shape.
+    pub dx: Array<A, D>,
+    /// The gradient with respect to `gamma`: `Σ dy ⊙ x̂` over every row.
+    pub dgamma: Array1<A>,
+    /// The gradient with respect to `beta`: `Σ dy` over every row.
+    pub dbeta: Array1<A>,
+}
+
+/// The gradients of an RMSNorm with respect to its input and gain.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::array;
+/// use ndarray_layernorm::prelude::*;
+///
+/// let x = array![[3.0_f64, 4.0]];
+/// let RmsNormGrads { dx, dgamma } =
+///     x.rms_norm_backward(&array![[1.0, 0.0]], &array![1.0, 1.0], 0.0)?;
+/// // x̂ = x / √12.5, so dgamma = dy ⊙ x̂.
+/// assert!(dgamma.abs_diff_eq(&array![3.0 / 12.5_f64.sqrt(), 0.0], 1e-15));
+/// # let _ = dx;
+/// # Ok::<(), NormError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct RmsNormGrads<A, D: Dimension> {
+    /// The gradient with respect to the input, of the input's shape.
+    pub dx: Array<A, D>,
+    /// The gradient with respect to `gamma`: `Σ dy ⊙ x̂` over every row.
+    pub dgamma: Array1<A>,
+}
+
+/// What a LayerNorm backward pass needs of each row, saved by the forward
+/// pass: the mean and `rstd = 1/√(var + eps)`, in `f64`.
+///
+/// `D` is the shape of the rows' index (the input's shape without its last
+/// axis). Internally the mean keeps the compensated two-part form of the
+/// forward pass, and rescaled rows keep their scale, so backward loses none
+/// of the forward pass's accuracy; [`mean`](Self::mean) and
+/// [`rstd`](Self::rstd) show the values rounded to `f64`.
+///
+/// A row holding a NaN or an infinity has NaN statistics. A constant row
+/// has `rstd = 1/√eps`, `+∞` when `eps = 0`.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::array;
+/// use ndarray_layernorm::prelude::*;
+///
+/// let x = array![[2.0_f64, 4.0, 6.0, 8.0], [7.0, 7.0, 7.0, 7.0]];
+/// let (_y, stats) = x.layer_norm_train(&array![1.0, 1.0, 1.0, 1.0], &array![0.0, 0.0, 0.0, 0.0], 0.0)?;
+/// assert_eq!(stats.mean(), array![5.0, 7.0]);
+/// assert_eq!(stats.rstd(), array![1.0 / 5.0_f64.sqrt(), f64::INFINITY]);
+/// assert_eq!(stats.input_shape(), &[2, 4]);
+/// # Ok::<(), NormError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormStats<D: Dimension> {
+    input_shape: Vec<usize>,
+    rows: Array<RowCentring, D>,
+}
+
+impl<D: Dimension> LayerNormStats<D> {
+    /// The mean of every row.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let (_y, stats) = array![1.0_f32, 2.0].layer_norm_train(&array![1.0, 1.0], &array![0.0, 0.0], 1e-5)?;
+    /// assert_eq!(stats.mean().into_scalar(), 1.5);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    pub fn mean(&self) -> Array<f64, D> {
+        self.rows.map(|row| row.mean())
+    }
+
+    /// `1/√(var + eps)` of every row.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let (_y, stats) = array![[1.0_f32, 3.0]].layer_norm_train(&array![1.0, 1.0], &array![0.0, 0.0], 0.0)?;
+    /// assert_eq!(stats.rstd(), array![1.0]); // var = 1
+    /// # Ok::<(), NormError>(())
+    /// ```
+    pub fn rstd(&self) -> Array<f64, D> {
+        self.rows.map(|row| row.rstd())
+    }
+
+    /// The shape of the input the statistics were computed for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array3};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = Array3::<f64>::ones((2, 3, 4));
+    /// let (_y, stats) = x.layer_norm_train(&array![1.0, 1.0, 1.0, 1.0], &array![0.0, 0.0, 0.0, 0.0], 1e-5)?;
+    /// assert_eq!(stats.input_shape(), &[2, 3, 4]);
+    /// assert_eq!(stats.mean().shape(), &[2, 3]);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    pub fn input_shape(&self) -> &[usize] {
+        &self.input_shape
+    }
+
+    pub(crate) fn rows(&self) -> &Array<RowCentring, D> {
+        &self.rows
+    }
+}
+
+/// What an RMSNorm backward pass needs of each row, saved by the forward
+/// pass: `rrms = 1/√(mean(x²) + eps)`, in `f64`.
+///
+/// `D` is the shape of the rows' index (the input's shape without its last
+/// axis). Rescaled rows keep their scale internally, so backward loses none
+/// of the forward pass's accuracy. A row holding a NaN or an infinity has
+/// NaN statistics; an all-zero row has `rrms = 1/√eps`, `+∞` when
+/// `eps = 0`.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::array;
+/// use ndarray_layernorm::prelude::*;
+///
+/// let x = array![[3.0_f64, 4.0], [0.0, 0.0]];
+/// let (_y, stats) = x.rms_norm_train(&array![1.0, 1.0], 0.0)?;
+/// assert_eq!(stats.rrms(), array![1.0 / 12.5_f64.sqrt(), f64::INFINITY]);
+/// # Ok::<(), NormError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct RmsNormStats<D: Dimension> {
+    input_shape: Vec<usize>,
+    rows: Array<RowScaling, D>,
+}
+
+impl<D: Dimension> RmsNormStats<D> {
+    /// `1/√(mean(x²) + eps)` of every row.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let (_y, stats) = array![[2.0_f32, -2.0]].rms_norm_train(&array![1.0, 1.0], 0.0)?;
+    /// assert_eq!(stats.rrms(), array![0.5]);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    pub fn rrms(&self) -> Array<f64, D> {
+        self.rows.map(|row| row.rrms())
+    }
+
+    /// The shape of the input the statistics were computed for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = Array2::<f32>::ones((5, 3));
+    /// let (_y, stats) = x.rms_norm_train(&array![1.0, 1.0, 1.0], 1e-6)?;
+    /// assert_eq!(stats.input_shape(), &[5, 3]);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    pub fn input_shape(&self) -> &[usize] {
+        &self.input_shape
+    }
+
+    pub(crate) fn rows(&self) -> &Array<RowScaling, D> {
+        &self.rows
+    }
+}
+
+/// LayerNorm for training: the forward pass that keeps each row's
+/// statistics, and the gradients.
+///
+/// For a row `x` with `x̂ = (x - x̄) · rstd`, `rstd = 1/√(var + eps)`,
+/// output `y = γ ⊙ x̂ + β` and `g = γ ⊙ dy`, where `dy` is the gradient of
+/// the loss with respect to `y`:
+///
+/// ```text
+/// dxᵢ = rstd · (gᵢ - mean(g) - x̂ᵢ · mean(g ⊙ x̂))      (exact for every eps)
+/// dγ  = Σ dy ⊙ x̂        dβ = Σ dy                     (sums over every row)
+/// ```
+///
+/// # Accuracy and determinism
+///
+/// Everything is accumulated in `f64` (row sums compensated) and each
+/// output is rounded once to `A`, so `f32` gradients are the `f64`
+/// gradients of the same data, rounded. `dγ` and `dβ` add the rows in
+/// blocks of 64 in a fixed order, with the rounding error of every
+/// block's addition kept: the bits do not depend on the memory layout or
+/// on how many threads run the blocks.
+///
+/// A row holding a NaN or an infinity (in `x` or `dy`) gives NaN in its
+/// own row of `dx` and in `dγ`, `dβ`. With `eps = 0` a constant row has no
+/// derivative: its `dx` is NaN, while `dγ`, `dβ` stay finite (its output
+/// is `β` whatever `γ`).
+///
+/// Implemented for [`ArrayRef`], so every owned array and view has these
+/// methods. The trait is sealed.
+pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
+    /// Returns the gradients of `y = layer_norm(x, gamma, beta, eps)` for
+    /// the loss whose gradient with respect to `y` is `dy` (`beta` does not
+    /// enter them).
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// // mean 5, var 5, x̂ = [-3, -1, 1, 3] / √5
+    /// let x = array![[2.0_f64, 4.0, 6.0, 8.0]];
+    /// let grads = x.layer_norm_backward(&array![[1.0, 0.0, 0.0, 0.0]], &array![1.0, 1.0, 1.0, 1.0], 0.0)?;
+    /// let s5 = 5.0_f64.sqrt();
+    /// assert!(grads.dx.abs_diff_eq(&array![[0.3 / s5, -0.4 / s5, -0.1 / s5, 0.2 / s5]], 1e-15));
+    /// assert!(grads.dgamma.abs_diff_eq(&array![-3.0 / s5, 0.0, 0.0, 0.0], 1e-15));
+    /// assert_eq!(grads.dbeta, array![1.0, 0.0, 0.0, 0.0]);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm_backward(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<LayerNormGrads<A, D>, NormError>;
+
+    /// Returns [`layer_norm`](crate::LayerNormExt::layer_norm) of every row
+    /// (the same bits) together with the statistics that
+    /// [`layer_norm_backward_with_stats`](Self::layer_norm_backward_with_stats)
+    /// needs.
+    ///
+    /// # Errors
+    ///
+    /// As [`layer_norm`](crate::LayerNormExt::layer_norm).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[1.0_f32, 2.0, 3.0], [4.0, 0.0, 2.0]];
+    /// let (gamma, beta) = (array![1.0, 2.0, 0.5], array![0.0, 0.1, 0.2]);
+    /// let (y, stats) = x.layer_norm_train(&gamma, &beta, 1e-5)?;
+    /// assert_eq!(y, x.layer_norm(&gamma, &beta, 1e-5)?);
+    /// assert_eq!(stats.mean(), array![2.0, 2.0]);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn layer_norm_train(
+        &self,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array<A, D>, LayerNormStats<D::Smaller>), NormError>
+    where
+        D: RemoveAxis;
+
+    /// Returns the gradients as [`layer_norm_backward`](Self::layer_norm_backward)
+    /// does (the same bits), from the statistics that
+    /// [`layer_norm_train`](Self::layer_norm_train) saved for this input
+    /// instead of recomputing them. `eps` is the one they were saved with.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
+    ///   were computed for an input of another shape.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[1.0_f64, 2.0, 4.0], [3.0, -1.0, 0.5]];
+    /// let (gamma, beta) = (array![1.0, 0.5, 2.0], array![0.0, 0.0, 0.0]);
+    /// let (y, stats) = x.layer_norm_train(&gamma, &beta, 1e-5)?;
+    /// let dy = &y - &array![[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]; // d/dy of ½‖y - t‖²
+    /// let grads = x.layer_norm_backward_with_stats(&dy, &gamma, &stats)?;
+    /// assert_eq!(grads, x.layer_norm_backward(&dy, &gamma, 1e-5)?);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn layer_norm_backward_with_stats(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &LayerNormStats<D::Smaller>,
+    ) -> Result<LayerNormGrads<A, D>, NormError>
+    where
+        D: RemoveAxis;
+
+    /// Writes `dx` into `dx` (an array of the input's shape, any layout)
+    /// and returns `(dgamma, dbeta)`, with the bits of
+    /// [`layer_norm_backward`](Self::layer_norm_backward). Nothing of the
+    /// input's size is allocated, so a training loop can reuse its gradient
+    /// buffer.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[2.0_f64, 4.0, 6.0, 8.0]];
+    /// let (dy, gamma) = (array![[1.0, 0.0, 0.0, 0.0]], array![1.0, 1.0, 1.0, 1.0]);
+    /// let mut dx = Array2::zeros((1, 4));
+    /// let (dgamma, dbeta) = x.layer_norm_backward_into(&mut dx, &dy, &gamma, 0.0)?;
+    /// let grads = x.layer_norm_backward(&dy, &gamma, 0.0)?;
+    /// assert_eq!((dx, dgamma, dbeta), (grads.dx, grads.dgamma, grads.dbeta));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn layer_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>;
+
+    /// Writes `dx` into `dx` and returns `(dgamma, dbeta)`, from the
+    /// statistics that [`layer_norm_train`](Self::layer_norm_train) saved,
+    /// with the bits of
+    /// [`layer_norm_backward_with_stats`](Self::layer_norm_backward_with_stats).
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
+    ///   were computed for an input of another shape.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[1.0_f32, 2.0, 4.0], [3.0, -1.0, 0.5]];
+    /// let (gamma, beta) = (array![1.0, 0.5, 2.0], array![0.0, 0.0, 0.0]);
+    /// let (y, stats) = x.layer_norm_train(&gamma, &beta, 1e-5)?;
+    /// let mut dx = Array2::zeros((2, 3));
+    /// let (dgamma, dbeta) = x.layer_norm_backward_with_stats_into(&mut dx, &y, &gamma, &stats)?;
+    /// assert_eq!(dx, x.layer_norm_backward(&y, &gamma, 1e-5)?.dx);
+    /// # let _ = (dgamma, dbeta);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn layer_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &LayerNormStats<D::Smaller>,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    where
+        D: RemoveAxis;
+}
+
+/// RMSNorm for training: the forward pass that keeps each row's statistics,
+/// and the gradients.
+///
+/// For a row `x` with `x̂ = x · rrms`, `rrms = 1/√(mean(x²) + eps)`, output
+/// `y = γ ⊙ x̂` and `g = γ ⊙ dy`, where `dy` is the gradient of the loss
+/// with respect to `y`:
+///
+/// ```text
+/// dxᵢ = rrms · (gᵢ - x̂ᵢ · mean(g ⊙ x̂))      (exact for every eps)
+/// dγ  = Σ dy ⊙ x̂                            (sum over every row)
+/// ```
+///
+/// Accuracy and determinism are as for [`LayerNormBackwardExt`]: `f64`
+/// accumulation, one rounding per output, `dγ` summed in a fixed block
+/// order. A row holding a NaN or an infinity gives NaN in its row of `dx`
+/// and in `dγ`; with `eps = 0` an all-zero row has no derivative (its `dx`
+/// is NaN, its output 0 whatever `γ`).
+///
+/// Implemented for [`ArrayRef`]; the trait is sealed.
+pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
+    /// Returns the gradients of `y = rms_norm(x, gamma, eps)` for the loss
+    /// whose gradient with respect to `y` is `dy`.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// // rrms = 1/√12.5 = √2/5: dx = rrms · (dy - x̂ · mean(dy ⊙ x̂)) = rrms · [16, -12] / 25
+    /// let x = array![[3.0_f64, 4.0]];
+    /// let grads = x.rms_norm_backward(&array![[1.0, 0.0]], &array![1.0, 1.0], 0.0)?;
+    /// let r = 2.0_f64.sqrt() / 5.0;
+    /// assert!(grads.dx.abs_diff_eq(&array![[16.0 * r / 25.0, -12.0 * r / 25.0]], 1e-15));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_backward(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<RmsNormGrads<A, D>, NormError>;
+
+    /// Returns [`rms_norm`](crate::RmsNormExt::rms_norm) of every row (the
+    /// same bits) together with the statistics that
+    /// [`rms_norm_backward_with_stats`](Self::rms_norm_backward_with_stats)
+    /// needs.
+    ///
+    /// # Errors
+    ///
+    /// As [`rms_norm`](crate::RmsNormExt::rms_norm).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[2.0_f32, -2.0, 4.0, -4.0]];
+    /// let (y, stats) = x.rms_norm_train(&array![1.0, 1.0, 1.0, 1.0], 1e-6)?;
+    /// assert_eq!(y, x.rms_norm(&array![1.0, 1.0, 1.0, 1.0], 1e-6)?);
+    /// assert!((stats.rrms()[0] - 1.0 / 10.000001_f64.sqrt()).abs() < 1e-15);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn rms_norm_train(
+        &self,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array<A, D>, RmsNormStats<D::Smaller>), NormError>
+    where
+        D: RemoveAxis;
+
+    /// Returns the gradients as [`rms_norm_backward`](Self::rms_norm_backward)
+    /// does (the same bits), from the statistics that
+    /// [`rms_norm_train`](Self::rms_norm_train) saved for this input.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
+    ///   were computed for an input of another shape.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::array;
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[0.5_f32, -1.0, 2.0]];
+    /// let gamma = array![1.0, 2.0, 0.5];
+    /// let (_y, stats) = x.rms_norm_train(&gamma, 1e-6)?;
+    /// let dy = array![[0.1, 0.2, -0.3]];
+    /// let grads = x.rms_norm_backward_with_stats(&dy, &gamma, &stats)?;
+    /// assert_eq!(grads, x.rms_norm_backward(&dy, &gamma, 1e-6)?);
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_backward_with_stats(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &RmsNormStats<D::Smaller>,
+    ) -> Result<RmsNormGrads<A, D>, NormError>
+    where
+        D: RemoveAxis;
+
+    /// Writes `dx` into `dx` (an array of the input's shape, any layout)
+    /// and returns `dgamma`, with the bits of
+    /// [`rms_norm_backward`](Self::rms_norm_backward). Nothing of the
+    /// input's size is allocated.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[3.0_f64, 4.0]];
+    /// let mut dx = Array2::zeros((1, 2));
+    /// let dgamma = x.rms_norm_backward_into(&mut dx, &array![[1.0, 0.0]], &array![1.0, 1.0], 0.0)?;
+    /// let r = 2.0_f64.sqrt() / 5.0; // 1/√12.5
+    /// assert!(dx.abs_diff_eq(&array![[16.0 * r / 25.0, -12.0 * r / 25.0]], 1e-15));
+    /// assert!(dgamma.abs_diff_eq(&array![3.0 * r, 0.0], 1e-15));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<Array1<A>, NormError>;
+
+    /// Writes `dx` into `dx` and returns `dgamma`, from the statistics that
+    /// [`rms_norm_train`](Self::rms_norm_train) saved, with the bits of
+    /// [`rms_norm_backward_with_stats`](Self::rms_norm_backward_with_stats).
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::ZeroDimensional`] if the array has no axis.
+    /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
+    ///   does not have the shape of `self`.
+    /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
+    ///   of the last axis.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Output`] if `dx` does
+    ///   not have the shape of `self`.
+    /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
+    ///   were computed for an input of another shape.
+    ///
+    /// On error `dx` is left untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Array2};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[0.5_f32, -1.0, 2.0]];
+    /// let gamma = array![1.0, 2.0, 0.5];
+    /// let (_y, stats) = x.rms_norm_train(&gamma, 1e-6)?;
+    /// let dy = array![[0.1, 0.2, -0.3]];
+    /// let mut dx = Array2::zeros((1, 3));
+    /// let dgamma = x.rms_norm_backward_with_stats_into(&mut dx, &dy, &gamma, &stats)?;
+    /// let grads = x.rms_norm_backward(&dy, &gamma, 1e-6)?;
+    /// assert_eq!((dx, dgamma), (grads.dx, grads.dgamma));
+    /// # Ok::<(), NormError>(())
+    /// ```
+    fn rms_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &RmsNormStats<D::Smaller>,
+    ) -> Result<Array1<A>, NormError>
+    where
+        D: RemoveAxis;
+}
+
+impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> {
+    fn layer_norm_backward(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<LayerNormGrads<A, D>, NormError> {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        let eps = check::eps(eps)?;
+        Ok(layer_norm_grads(
+            self,
+            dy,
+            d,
+            Gain::Gamma(&gamma),
+            None,
+            eps,
+        ))
+    }
+
+    fn layer_norm_train(
+        &self,
+        gamma: &ArrayRef1<A>,
+        beta: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array<A, D>, LayerNormStats<D::Smaller>), NormError>
+    where
+        D: RemoveAxis,
+    {
+        let d = check::row_length(self)?;
+        let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
+        let beta = check::feature_vector(Operand::Beta, beta, d)?;
+        let eps = check::eps(eps)?;
+        Ok(layer_norm_train(
+            self,
+            d,
+            Affine::ScaleShift(&gamma, &beta),
+            eps,
+        ))
+    }
+
+    fn layer_norm_backward_with_stats(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &LayerNormStats<D::Smaller>,
+    ) -> Result<LayerNormGrads<A, D>, NormError>
+    where
+        D: RemoveAxis,
+    {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        Ok(layer_norm_grads(
+            self,
+            dy,
+            d,
+            Gain::Gamma(&gamma),
+            Some(&in_row_order(&stats.rows)),
+            0.0,
+        ))
+    }
+
+    fn layer_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array1<A>, Array1<A>), NormError> {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        let eps = check::eps(eps)?;
+        Ok(layer_norm_grads_into(
+            self,
+            dy,
+            dx,
+            d,
+            Gain::Gamma(&gamma),
+            None,
+            eps,
+        ))
+    }
+
+    fn layer_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &LayerNormStats<D::Smaller>,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    where
+        D: RemoveAxis,
+    {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        Ok(layer_norm_grads_into(
+            self,
+            dy,
+            dx,
+            d,
+            Gain::Gamma(&gamma),
+            Some(&in_row_order(&stats.rows)),
+            0.0,
+        ))
+    }
+}
+
+impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
+    fn rms_norm_backward(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<RmsNormGrads<A, D>, NormError> {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        let eps = check::eps(eps)?;
+        Ok(rms_norm_grads(self, dy, d, Gain::Gamma(&gamma), None, eps))
+    }
+
+    fn rms_norm_train(
+        &self,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<(Array<A, D>, RmsNormStats<D::Smaller>), NormError>
+    where
+        D: RemoveAxis,
+    {
+        let d = check::row_length(self)?;
+        let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
+        let eps = check::eps(eps)?;
+        Ok(rms_norm_train(self, d, Gain::Gamma(&gamma), eps))
+    }
+
+    fn rms_norm_backward_with_stats(
+        &self,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &RmsNormStats<D::Smaller>,
+    ) -> Result<RmsNormGrads<A, D>, NormError>
+    where
+        D: RemoveAxis,
+    {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        Ok(rms_norm_grads(
+            self,
+            dy,
+            d,
+            Gain::Gamma(&gamma),
+            Some(&in_row_order(&stats.rows)),
+            0.0,
+        ))
+    }
+
+    fn rms_norm_backward_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        eps: A,
+    ) -> Result<Array1<A>, NormError> {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        let eps = check::eps(eps)?;
+        Ok(rms_norm_grads_into(
+            self,
+            dy,
+            dx,
+            d,
+            Gain::Gamma(&gamma),
+            None,
+            eps,
+        ))
+    }
+
+    fn rms_norm_backward_with_stats_into(
+        &self,
+        dx: &mut ArrayRef<A, D>,
+        dy: &ArrayRef<A, D>,
+        gamma: &ArrayRef1<A>,
+        stats: &RmsNormStats<D::Smaller>,
+    ) -> Result<Array1<A>, NormError>
+    where
+        D: RemoveAxis,
+    {
+        let (d, gamma) = backward_args(self, dy, gamma)?;
+        check::same_shape(self, dx)?;
+        check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        Ok(rms_norm_grads_into(
+            self,
+            dy,
+            dx,
+            d,
+            Gain::Gamma(&gamma),
+            Some(&in_row_order(&stats.rows)),
+            0.0,
+        ))
+    }
+}
+
+/// Validates the input, `dy` and `gamma`, in the order the errors are
+/// documented.
+pub(crate) fn backward_args<'a, A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    gamma: &'a ArrayRef1<A>,
+) -> Result<(usize, Cow<'a, [A]>), NormError> {
+    let d = check::row_length(x)?;
+    check::shape_of(Operand::Gradient, x, dy.shape())?;
+    let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
+    Ok((d, gamma))
+}
+
+/// Checks that `stats` belong to an input of `x`'s shape.
+pub(crate) fn check_layer_norm_stats<A, D: RemoveAxis>(
+    x: &ArrayRef<A, D>,
+    stats: &LayerNormStats<D::Smaller>,
+) -> Result<(), NormError> {
+    check::shape_of(Operand::Stats, x, &stats.input_shape)
+}
+
+/// Checks that `stats` belong to an input of `x`'s shape.
+pub(crate) fn check_rms_norm_stats<A, D: RemoveAxis>(
+    x: &ArrayRef<A, D>,
+    stats: &RmsNormStats<D::Smaller>,
+) -> Result<(), NormError> {
+    check::shape_of(Operand::Stats, x, &stats.input_shape)
+}
+
+/// LayerNorm of `x` (validated, rows of length `d`) with its statistics.
+pub(crate) fn layer_norm_train<A: NormScalar, D: RemoveAxis>(
+    x: &ArrayRef<A, D>,
+    d: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+) -> (Array<A, D>, LayerNormStats<D::Smaller>) {
+    let (y, rows) = train_rows(x, d, RowCentring::NOT_FINITE, |isa, x, y, stats| {
+        kernel::layer_norm_train_block(isa, x, y, d, affine, eps, stats)
+    });
+    let stats = LayerNormStats {
+        input_shape: x.shape().to_vec(),
+        rows,
+    };
+    (y, stats)
+}
+
+/// RMSNorm of `x` (validated, rows of length `d`) with its statistics.
+pub(crate) fn rms_norm_train<A: NormScalar, D: RemoveAxis>(
+    x: &ArrayRef<A, D>,
+    d: usize,
+    gain: Gain<'_, A>,
+    eps: f64,
+) -> (Array<A, D>, RmsNormStats<D::Smaller>) {
+    let (y, rows) = train_rows(x, d, RowScaling::NOT_FINITE, |isa, x, y, stats| {
+        kernel::rms_norm_train_block(isa, x, y, d, gain.affine(), eps, stats)
+    });
+    let stats = RmsNormStats {
+        input_shape: x.shape().to_vec(),
+        rows,
+    };
+    (y, stats)
+}
+
+/// The LayerNorm gradients of validated arguments, from `saved` statistics
+/// or, without them, from statistics computed with `eps`.
+pub(crate) fn layer_norm_grads<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    d: usize,
+    gain: Gain<'_, A>,
+    saved: Option<&[RowCentring]>,
+    eps: f64,
+) -> LayerNormGrads<A, D> {
+    let mut dx = Array::zeros(x.raw_dim());
+    let (dgamma, dbeta) = layer_norm_grads_into(x, dy, &mut dx, d, gain, saved, eps);
+    LayerNormGrads { dx, dgamma, dbeta }
+}
+
+/// [`layer_norm_grads`] with `dx` written into a validated array of the
+/// input's shape; returns `(dgamma, dbeta)`.
+pub(crate) fn layer_norm_grads_into<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    dx: &mut ArrayRef<A, D>,
+    d: usize,
+    gain: Gain<'_, A>,
+    saved: Option<&[RowCentring]>,
+    eps: f64,
+) -> (Array1<A>, Array1<A>) {
+    let gain = gain.widened();
+    backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
+        let saved = match saved {
+            Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
+            None => Saved::Compute(eps),
+        };
+        let inputs = Inputs {
+            x,
+            dy,
+            d,
+            gain: &gain,
+        };
+        kernel::layer_norm_backward_block(isa, inputs, dx, saved, partials);
+    })
+}
+
+/// The RMSNorm gradients of validated arguments, from `saved` statistics
+/// or, without them, from statistics computed with `eps`.
+pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    d: usize,
+    gain: Gain<'_, A>,
+    saved: Option<&[RowScaling]>,
+    eps: f64,
+) -> RmsNormGrads<A, D> {
+    let mut dx = Array::zeros(x.raw_dim());
+    let dgamma = rms_norm_grads_into(x, dy, &mut dx, d, gain, saved, eps);
+    RmsNormGrads { dx, dgamma }
+}
+
+/// [`rms_norm_grads`] with `dx` written into a validated array of the
+/// input's shape; returns `dgamma`.
+pub(crate) fn rms_norm_grads_into<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    dx: &mut ArrayRef<A, D>,
+    d: usize,
+    gain: Gain<'_, A>,
+    saved: Option<&[RowScaling]>,
+    eps: f64,
+) -> Array1<A> {
+    let gain = gain.widened();
+    let (dgamma, _) = backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
+        let saved = match saved {
+            Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
+            None => Saved::Compute(eps),
+        };
+        let inputs = Inputs {
+            x,
+            dy,
+            d,
+            gain: &gain,
+        };
+        kernel::rms_norm_backward_block(isa, inputs, dx, saved, partials);
+    });
+    dgamma
+}
+
+/// The saved entries in row order (borrowed: the arrays are built in
+/// standard layout).
+pub(crate) fn in_row_order<T: Copy, S: Dimension>(rows: &Array<T, S>) -> Cow<'_, [T]> {
+    match rows.as_slice() {
+        Some(rows) => Cow::Borrowed(rows),
+        None => Cow::Owned(rows.iter().copied().collect()),
+    }
+}
+
+/// Runs `block(isa, x, y, stats)` on [`BLOCK_ROWS`] rows at a time,
+/// collecting the rows' statistics in an array of the leading shape (first
+/// filled with `placeholder`).
+fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
+    x: &ArrayRef<A, D>,
+    d: usize,
+    placeholder: T,
+    block: impl Fn(Isa, &[A], &mut [A], &mut [T]),
+) -> (Array<A, D>, Array<T, D::Smaller>) {
+    let isa = Isa::detect();
+    let mut y = Array::zeros(x.raw_dim());
+    let leading = x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)));
+    let mut stats = Array::from_elem(leading, placeholder);
+    {
+        let mut xs = RowBlocks::new(x, d);
+        let mut ys = RowBlocksMut::new(&mut y, d);
+        let mut slots = stats.iter_mut();
+        let mut block_stats = [placeholder; BLOCK_ROWS];
+        loop {
+            let x_block = xs.next_block(BLOCK_ROWS);
+            if x_block.is_empty() {
+                break;
+            }
+            let rows = (x_block.len() / d.max(1)).min(BLOCK_ROWS);
+            let block_stats = &mut block_stats[..rows];
+            block(isa, x_block, ys.next_block(BLOCK_ROWS), block_stats);
+            // The block's entries first: `zip` takes an item from its first
+            // iterator before it finds the second one exhausted.
+            for (&row, slot) in block_stats.iter().zip(&mut slots) {
+                *slot = row;
+            }
+        }
+    }
+    (y, stats)
+}
+
+/// The backward row walk: hands `block(isa, first_row, x, dy, dx, partials)`
+/// [`BLOCK_ROWS`] consecutive rows at a time (in logical order, contiguous,
+/// whatever the layout), with `partials` at 0, then adds the block's
+/// partials to the totals in block order. Each block depends only on its
+/// own rows, so computing blocks on other threads and adding their partials
+/// in the same order would give the same bits.
+fn backward_blocks<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    dy: &ArrayRef<A, D>,
+    dx: &mut ArrayRef<A, D>,
+    d: usize,
+    mut block: impl FnMut(Isa, usize, &[A], &[A], &mut [A], &mut Partials),
+) -> (Array1<A>, Array1<A>) {
+    let isa = Isa::detect();
+    let mut dgamma = ColumnSum::new(d);
+    let mut dbeta = ColumnSum::new(d);
+    let mut partials = Partials::new(d);
+    {
+        let mut xs = RowBlocks::new(x, d);
+        let mut dys = RowBlocks::new(dy, d);
+        let mut dxs = RowBlocksMut::new(dx, d);
+        let mut first = 0;
+        loop {
+            let x_block = xs.next_block(BLOCK_ROWS);
+            if x_block.is_empty() {
+                break;
+            }
+            partials.clear();
+            block(
+                isa,
+                first,
+                x_block,
+                dys.next_block(BLOCK_ROWS),
+                dxs.next_block(BLOCK_ROWS),
+                &mut partials,
+            );
+            dgamma.add(&partials.dgamma);
+            dbeta.add(&partials.dbeta);
+            first += BLOCK_ROWS;
+        }
+    }
+    (Array1::from(dgamma.total()), Array1::from(dbeta.total()))
+}

@@ -1,0 +1,986 @@
+//! Training kernels: the forward pass that keeps its row statistics and the
+//! backward passes of LayerNorm and RMSNorm, a block of rows at a time.
+//! Like [`portable`](super::portable), every function here is
+//! `#[inline(always)]` and generic over the [`Vector`] type, so the entry
+//! points of [`kernel`](super) compile it anew for every instruction set.
+//!
+//! # Gradients
+//!
+//! With `n = x̂` the normalised row, `g = γ ⊙ dy` and `r` the row's
+//! `1/√(var + eps)` (LayerNorm) or `1/√(mean(x²) + eps)` (RMSNorm):
+//!
+//! ```text
+//! LayerNorm  dxᵢ = r · ((gᵢ - mean(g)) - nᵢ · mean(g ⊙ n))     dγⱼ = Σ dyⱼ nⱼ   dβⱼ = Σ dyⱼ
+//! RMSNorm    dxᵢ = r · ( gᵢ            - nᵢ · mean(g ⊙ n))     dγⱼ = Σ dyⱼ nⱼ
+//! ```
+//!
+//! (the sums run over rows). Both are exact for every `eps`: `∂r/∂xᵢ` is
+//! `-r³ (xᵢ - x̄) / d` (LayerNorm) or `-r³ xᵢ / d` (RMSNorm), so the chain
+//! rule gives `r (gᵢ - mean(g)) - r³ (xᵢ - x̄) · mean(g ⊙ (x - x̄))`, and
+//! `n = r (x - x̄)` turns the second term into `r · nᵢ · mean(g ⊙ n)`.
+//!
+//! # Passes
+//!
+//! Each row is read twice (three times when backward computes the
+//! statistics), from cache after the first time. Pass A forms
+//! `eᵢ = xᵢ · scale - base` (RMSNorm: `xᵢ · scale`) and `gᵢ = gainᵢ · dyᵢ`
+//! and sums `Σ gᵢ` and `Σ gᵢ eᵢ`; then
+//! `Σ gᵢ nᵢ = (Σ gᵢ eᵢ - shift · Σ gᵢ) · inv_std` (RMSNorm:
+//! `Σ gᵢ eᵢ · inv_rms`), where `shift` is below the rounding of the mean,
+//! so the subtraction does not cancel. Pass B forms
+//! `nᵢ = (eᵢ - shift) · inv_std`, the forward kernel's normalised value
+//! (the `scale = 1` multiplication is exact, so it carries the forward
+//! pass's accuracy, also on rows with a large common offset or rescaled
+//! rows), writes `dx` and adds `dyᵢ · nᵢ` (and `dyᵢ`) to the per-feature
+//! partials. When backward computes the statistics itself, pass 1 of the
+//! exact centring comes first and pass A also sums `Σ eᵢ²`, the centring's
+//! pass 2, with the same decisions ([`variance`], [`rms_from_squares`]),
+//! so the statistics have the bits of those the forward pass saves.
+//!
+//! The statistics backward uses are those of the exact centring of
+//! [`portable`](super::portable) for both element types: an `f32` row,
+//! widened exactly, goes through the arithmetic of the `f64` row of the same
+//! values, so `f32` gradients are the `f64` gradients rounded once. (The
+//! forward output of an `f32` row may come from the certified single
+//! precision path; the training forward pass writes that output and saves
+//! the exact statistics.)
+//!
+//! A row has no derivative where the normalisation jumps: a constant row
+//! under LayerNorm, or an all-zero row under RMSNorm, when `eps = 0`. Its
+//! saved `inv_std` is `+∞`, its `dx` is NaN, and its `n` counts as 0 in
+//! `dγ`, as in the forward output.
+//!
+//! # Summation order
+//!
+//! `Σ g`, `Σ g ⊙ e` and `Σ e²` are [`BlockedSum`]s: element `i` in lane `i % LANES`,
+//! plain sums over blocks of [`BLOCK`] vectors added to a compensated
+//! total, the lanes combined by fixed halving trees. Their error, about
+//! `(BLOCK + 5) · 2⁻⁵³ · Σ |terms|`, is that of a short plain sum whatever
+//! `d`. The per-feature sums over rows are split into blocks of
+//! [`BLOCK_ROWS`] consecutive rows: each block adds its rows in order,
+//! element by element, into `f64` partials that start at 0, and the blocks'
+//! partials are added in block order by [`ColumnSum`], which keeps the
+//! rounding error of every addition. No step depends on which thread
+//! computes a block, so the bits do not depend on the thread count. No
+//! fused multiply-add is used.
+
+use super::portable::{
+    centred_square_sum, centring, centring_first_pass, exact_centring, inverse_root, padded,
+    rescaled_centring, rescaled_rms_scaling, rms_from_squares, rms_scaling, two_sum, variance,
+    write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Variance, BLOCK,
+};
+use super::short::{self, SHORT_ROW};
+use super::simd::{Vector, LANES};
+use super::{Affine, Io};
+use crate::scalar::NormScalar;
+
+/// Rows per block of the per-feature sums over rows.
+pub(crate) const BLOCK_ROWS: usize = 64;
+
+/// LayerNorm statistics of one row as backward needs them:
+/// `nᵢ = ((xᵢ · scale - base) - shift) · inv_std`.
+///
+/// A constant row has `base` = its value, `shift = 0`, `scale = 1` and
+/// `inv_std = 1/√eps` (`+∞` when `eps = 0`); a row holding a NaN or an
+/// infinity is all NaN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RowCentring {
+    scale: f64,
+    base: f64,
+    shift: f64,
+    inv_std: f64,
+}
+
+impl RowCentring {
+    pub(crate) const NOT_FINITE: Self = RowCentring {
+        scale: f64::NAN,
+        base: f64::NAN,
+        shift: f64::NAN,
+        inv_std: f64::NAN,
+    };
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn from_centring<A: NormScalar>(x: &[A], centring: Centring, eps: f64) -> Self {
+        match centring {
+            Centring::Centred {
+                scale,
+                base,
+                shift,
+                inv_std,
+            } => RowCentring {
+                scale,
+                base,
+                shift,
+                inv_std,
+            },
+            Centring::Constant => RowCentring {
+                scale: 1.0,
+                base: x.first().map_or(f64::NAN, |v| v.widen()),
+                shift: 0.0,
+                inv_std: constant_inverse_root(eps),
+            },
+            Centring::NotFinite => Self::NOT_FINITE,
+        }
+    }
+
+    /// The row's mean.
+    pub(crate) fn mean(self) -> f64 {
+        (self.base + self.shift) / self.scale
+    }
+
+    /// The row's `1/√(var + eps)`.
+    pub(crate) fn rstd(self) -> f64 {
+        self.inv_std * self.scale
+    }
+    /// The bits of every field, for comparisons that must see NaN and -0.
+    #[cfg(test)]
+    pub(crate) fn to_bits(self) -> [u64; 4] {
+        [self.scale, self.base, self.shift, self.inv_std].map(f64::to_bits)
+    }
+}
+
+/// RMSNorm statistics of one row as backward needs them:
+/// `nᵢ = (xᵢ · scale) · inv_rms`.
+///
+/// An all-zero row with `eps = 0` has `inv_rms = +∞`; a row holding a NaN or
+/// an infinity is all NaN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RowScaling {
+    scale: f64,
+    inv_rms: f64,
+}
+
+impl RowScaling {
+    pub(crate) const NOT_FINITE: Self = RowScaling {
+        scale: f64::NAN,
+        inv_rms: f64::NAN,
+    };
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn from_scaling(scaling: Option<(f64, f64)>) -> Self {
+        match scaling {
+            // The forward kernel gets 0 for an all-zero row with eps = 0, so
+            // that its output is 0; the true 1/rms is +∞.
+            Some((scale, inv_rms)) => RowScaling {
+                scale,
+                inv_rms: if inv_rms == 0.0 {
+                    f64::INFINITY
+                } else {
+                    inv_rms
+                },
+            },
+            None => Self::NOT_FINITE,
+        }
+    }
+
+    /// The row's `1/√(mean(x²) + eps)`.
+    pub(crate) fn rrms(self) -> f64 {
+        self.inv_rms * self.scale
+    }
+    /// The bits of every field.
+    #[cfg(test)]
+    pub(crate) fn to_bits(self) -> [u64; 2] {
+        [self.scale, self.inv_rms].map(f64::to_bits)
+    }
+}
+
+/// `1/√eps`, the `1/√(var + eps)` of a constant row (`+∞` for `eps = 0`).
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn constant_inverse_root(eps: f64) -> f64 {
+    if eps > 0.0 {
+        1.0 / eps.sqrt()
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// How a stored per-feature weight scales the normalised row.
+#[derive(Clone, Copy)]
+pub(crate) enum Gain<'a, A> {
+    /// `y = n · γ`.
+    Gamma(&'a [A]),
+    /// `y = n · (1 + w)`, with `1 + w` formed in `f64` (zero-centred weights).
+    OnePlus(&'a [A]),
+}
+
+impl<'a, A: NormScalar> Gain<'a, A> {
+    /// The gains `γ` or `1 + w` in `f64`, padded with zeros to whole
+    /// vectors, as the backward kernels take them.
+    pub(crate) fn widened(self) -> Vec<f64> {
+        let (Gain::Gamma(weights) | Gain::OnePlus(weights)) = self;
+        let one = match self {
+            Gain::Gamma(_) => None,
+            Gain::OnePlus(_) => Some(1.0),
+        };
+        let mut gain: Vec<f64> = weights
+            .iter()
+            .map(|w| match one {
+                Some(one) => one + w.widen(),
+                None => w.widen(),
+            })
+            .collect();
+        gain.resize(weights.len().div_ceil(LANES) * LANES, 0.0);
+        gain
+    }
+
+    /// The forward pass's affine part for this gain.
+    pub(crate) fn affine(self) -> Affine<'a, A> {
+        match self {
+            Gain::Gamma(gamma) => Affine::Scale(gamma),
+            Gain::OnePlus(w) => Affine::OnePlus(w),
+        }
+    }
+}
+
+/// What a backward block reads: `x` and `dy` (the same number of rows of
+/// length `d`) and the `d` gains (`γ` or `1 + w`) in `f64`, padded with
+/// zeros to whole vectors ([`Gain::widened`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Inputs<'a, A> {
+    pub(crate) x: &'a [A],
+    pub(crate) dy: &'a [A],
+    pub(crate) d: usize,
+    pub(crate) gain: &'a [f64],
+}
+
+/// Where a block's row statistics come from.
+#[derive(Clone, Copy)]
+pub(crate) enum Saved<'a, T> {
+    /// Compute each row's statistics with this `eps`.
+    Compute(f64),
+    /// One saved entry per row of the block, in order.
+    Rows(&'a [T]),
+}
+
+/// One block's per-feature partial sums over its rows, each padded with
+/// zeros to whole vectors so that the kernels load and store them as such.
+pub(crate) struct Partials {
+    pub(crate) dgamma: Vec<f64>,
+    pub(crate) dbeta: Vec<f64>,
+}
+
+impl Partials {
+    pub(crate) fn new(d: usize) -> Self {
+        let chunks = d.div_ceil(LANES);
+        Partials {
+            dgamma: vec![0.0; chunks * LANES],
+            dbeta: vec![0.0; chunks * LANES],
+        }
+    }
+
+    /// Starts a block: every partial at 0.
+    pub(crate) fn clear(&mut self) {
+        self.dgamma.fill(0.0);
+        self.dbeta.fill(0.0);
+    }
+}
+
+/// Per-feature totals of the blocks' partial sums, added in block order
+/// with the rounding error of each addition kept (TwoSum).
+pub(crate) struct ColumnSum {
+    high: Vec<f64>,
+    low: Vec<f64>,
+}
+
+impl ColumnSum {
+    pub(crate) fn new(d: usize) -> Self {
+        ColumnSum {
+            high: vec![0.0; d],
+            low: vec![0.0; d],
+        }
+    }
+
+    /// Adds the next block's partials (the first `d` of them).
+    pub(crate) fn add(&mut self, partial: &[f64]) {
+        for ((high, low), &p) in self.high.iter_mut().zip(&mut self.low).zip(partial) {
+            let (sum, err) = two_sum(*high, p);
+            *high = sum;
+            *low += err;
+        }
+    }
+
+    /// The totals, each rounded once to `A`.
+    pub(crate) fn total<A: NormScalar>(&self) -> Vec<A> {
+        self.high
+            .iter()
+            .zip(&self.low)
+            .map(|(&high, &low)| A::narrow(high + low))
+            .collect()
+    }
+}
+
+/// LayerNorm of a block of rows into `y`, saving each row's statistics.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn layer_norm_train_block<A: NormScalar, V: Vector>(
+    x: &[A],
+    y: &mut [A],
+    d: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+    stats: &mut [RowCentring],
+) {
+    if d == 0 {
+        return;
+    }
+    let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
+    for ((x, y), slot) in rows.zip(stats) {
+        let exact = exact_centring::<A, V>(x, eps);
+        // The forward kernel's choice, so that `y` has its bits: the exact
+        // centring itself for long f64 rows, else what `centring` picks.
+        let forward = if size_of::<A>() == size_of::<f32>() || d <= SHORT_ROW {
+            centring::<A, V>(x, eps)
+        } else {
+            exact
+        };
+        let io = Io::Copy {
+            input: x,
+            output: y,
+        };
+        write_layer_norm::<A, V>(io, affine, forward);
+        *slot = RowCentring::from_centring(x, exact, eps);
+    }
+}
+
+/// RMSNorm of a block of rows into `y`, saving each row's statistics.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_norm_train_block<A: NormScalar, V: Vector>(
+    x: &[A],
+    y: &mut [A],
+    d: usize,
+    affine: Affine<'_, A>,
+    eps: f64,
+    stats: &mut [RowScaling],
+) {
+    if d == 0 {
+        return;
+    }
+    let rows = x.chunks_exact(d).zip(y.chunks_exact_mut(d));
+    for ((x, y), slot) in rows.zip(stats) {
+        let scaling = rms_scaling::<A, V>(x, eps);
+        let io = Io::Copy {
+            input: x,
+            output: y,
+        };
+        write_rms_norm::<A, V>(io, affine, scaling);
+        *slot = RowScaling::from_scaling(scaling);
+    }
+}
+
+/// How pass A turns a vector of `x` into the deviation `e` (a struct, not
+/// a closure, for the reason given at [`Fold`](super::portable)).
+trait Deviate<V>: Copy {
+    fn deviation(self, x: V) -> V;
+}
+
+/// LayerNorm's `e = x · scale - base`, the multiplication skipped when
+/// `scale` is 1 (exact, so the bits agree).
+#[derive(Clone, Copy)]
+struct FromBase<V> {
+    scale: Option<V>,
+    base: V,
+}
+
+impl<V: Vector> Deviate<V> for FromBase<V> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn deviation(self, x: V) -> V {
+        match self.scale {
+            Some(scale) => x * scale - self.base,
+            None => x - self.base,
+        }
+    }
+}
+
+/// RMSNorm's `e = x · scale`, skipped when `scale` is 1.
+#[derive(Clone, Copy)]
+struct Scaled<V> {
+    scale: Option<V>,
+}
+
+impl<V: Vector> Deviate<V> for Scaled<V> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn deviation(self, x: V) -> V {
+        match self.scale {
+            Some(scale) => x * scale,
+            None => x,
+        }
+    }
+}
+
+/// `Some(splat(scale))` unless `scale` is 1.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn optional<V: Vector>(scale: f64) -> Option<V> {
+    (scale != 1.0).then(|| V::splat(scale))
+}
+
+/// The row sums of pass A: `Σ gᵢ`, `Σ gᵢ eᵢ` and `Σ eᵢ²`, each a
+/// [`BlockedSum`] (element `i` in lane `i % LANES`).
+type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
+
+/// Pass A over a row: reads `x` and `dy` and returns the row sums;
+/// `Σ gᵢ` only if `G_SUM`, `Σ eᵢ²` only if `SQUARES` (the others stay 0).
+/// The order is that of `fold_row`: a flush after every [`BLOCK`] vectors,
+/// the last partial chunk padded with zeros and only its real lanes kept.
+/// `gain` is padded to whole vectors.
+///
+/// Pass B reads the row again (from cache) rather than terms kept from
+/// pass A: the kernel is limited by its stores, and a scratch row of
+/// terms was slower, however small.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUARES: bool>(
+    (x, dy, gain): (&[A], &[A], &[f64]),
+    deviate: E,
+) -> RowSums<V> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn step<V: Vector, const G_SUM: bool, const SQUARES: bool>(
+        ((g_sum, ge_sum), squares): RowSums<V>,
+        (e, dy, gain): (V, V, V),
+    ) -> RowSums<V> {
+        let g = gain * dy;
+        let g_sum = if G_SUM { g_sum.add(g) } else { g_sum };
+        let squares = if SQUARES { squares.add(e * e) } else { squares };
+        ((g_sum, ge_sum.add(g * e)), squares)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn flush<V: Vector>(((g_sum, ge_sum), squares): RowSums<V>) -> RowSums<V> {
+        ((g_sum.flush(), ge_sum.flush()), squares.flush())
+    }
+
+    let (x_chunks, x_tail) = x.as_chunks::<LANES>();
+    let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
+    let (gain_chunks, _) = gain.as_chunks::<LANES>();
+    let mut gains = gain_chunks.iter();
+    let zero = BlockedSum::new();
+    let mut sums = ((zero, zero), zero);
+    for (x, dy) in x_chunks.chunks(BLOCK).zip(dy_chunks.chunks(BLOCK)) {
+        for ((x, dy), gain) in x.iter().zip(dy).zip(&mut gains) {
+            let values = (
+                deviate.deviation(A::load(x)),
+                A::load(dy),
+                V::load_f64(gain),
+            );
+            sums = step::<V, G_SUM, SQUARES>(sums, values);
+        }
+        sums = flush(sums);
+    }
+    if !x_tail.is_empty() {
+        if let Some(gain) = gains.next() {
+            let values = (
+                deviate.deviation(A::load(&padded(x_tail))),
+                A::load(&padded(dy_tail)),
+                V::load_f64(gain),
+            );
+            let update = flush(step::<V, G_SUM, SQUARES>(sums, values));
+            sums = update.blend(sums, x_tail.len());
+        }
+    }
+    sums
+}
+
+/// One vector of a row's `dx` in pass B (a struct, not a closure).
+trait Gradient<V>: Copy {
+    /// Whether the row adds `dy` to `dβ`.
+    const WITH_BETA: bool;
+    /// `(dx, n)` from a vector of deviations and of `g`.
+    fn apply(self, e: V, g: V) -> (V, V);
+}
+
+/// LayerNorm: `n = (e - shift) · inv_std`,
+/// `dx = ((g - mean(g)) - n · mean(g ⊙ n)) · rstd`.
+#[derive(Clone, Copy)]
+struct LayerNormGradient<V> {
+    shift: V,
+    inv_std: V,
+    mean_g: V,
+    mean_gn: V,
+    rstd: V,
+}
+
+impl<V: Vector> Gradient<V> for LayerNormGradient<V> {
+    const WITH_BETA: bool = true;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply(self, e: V, g: V) -> (V, V) {
+        let n = (e - self.shift) * self.inv_std;
+        (((g - self.mean_g) - n * self.mean_gn) * self.rstd, n)
+    }
+}
+
+/// RMSNorm: `n = e · inv_rms`, `dx = (g - n · mean(g ⊙ n)) · rrms`.
+#[derive(Clone, Copy)]
+struct RmsNormGradient<V> {
+    inv_rms: V,
+    mean_gn: V,
+    rrms: V,
+}
+
+impl<V: Vector> Gradient<V> for RmsNormGradient<V> {
+    const WITH_BETA: bool = false;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply(self, e: V, g: V) -> (V, V) {
+        let n = e * self.inv_rms;
+        ((g - n * self.mean_gn) * self.rrms, n)
+    }
+}
+
+/// A row without a derivative (`eps = 0` and a constant, or all-zero, row):
+/// `dx` is NaN, and the normalised output, 0 whatever the gain, adds
+/// `dy · 0` to `dγ` (0, or NaN for a non-finite `dy`).
+#[derive(Clone, Copy)]
+struct Singular<const WITH_BETA: bool>;
+
+impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
+    const WITH_BETA: bool = WITH_BETA;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply(self, _e: V, _g: V) -> (V, V) {
+        (V::splat(f64::NAN), V::splat(0.0))
+    }
+}
+
+/// Pass B over a row: writes `dx` and adds `dyᵢ · nᵢ` to `dgamma[i]` (and
+/// `dyᵢ` to `dbeta[i]` where the gradient says so), element by element.
+/// `e` and `g` are formed as in pass A. The last, partial chunk of `dx`
+/// gets only its real elements.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
+    (x, dy, gain): (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    partials: &mut Partials,
+    deviate: E,
+    gradient: G,
+) {
+    let Partials { dgamma, dbeta } = partials;
+    let (dgamma, _) = dgamma.as_chunks_mut::<LANES>();
+    let (dbeta, _) = dbeta.as_chunks_mut::<LANES>();
+    let (gain, _) = gain.as_chunks::<LANES>();
+    let mut sums = gain.iter().zip(dgamma.iter_mut().zip(dbeta.iter_mut()));
+    let (x_chunks, x_tail) = x.as_chunks::<LANES>();
+    let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
+    let (dx_chunks, dx_tail) = dx.as_chunks_mut::<LANES>();
+    let inputs = x_chunks.iter().zip(dy_chunks);
+    for ((dx, (x, dy)), (g, (dgamma, dbeta))) in dx_chunks.iter_mut().zip(inputs).zip(&mut sums) {
+        let dy = A::load::<V>(dy);
+        let e = deviate.deviation(A::load(x));
+        let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
+        A::store(value, dx);
+        accumulate::<V, G>(dy, n, dgamma, dbeta);
+    }
+    if dx_tail.is_empty() {
+        return;
+    }
+    if let Some((g, (dgamma, dbeta))) = sums.next() {
+        let dy = A::load::<V>(&padded(dy_tail));
+        let e = deviate.deviation(A::load(&padded(x_tail)));
+        let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
+        let mut chunk = [A::zero(); LANES];
+        A::store(value, &mut chunk);
+        for (out, value) in dx_tail.iter_mut().zip(chunk) {
+            *out = value;
+        }
+        accumulate::<V, G>(dy, n, dgamma, dbeta);
+    }
+}
+
+/// `dgamma += dy · n` and, where the gradient says so, `dbeta += dy`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn accumulate<V: Vector, G: Gradient<V>>(
+    dy: V,
+    n: V,
+    dgamma: &mut [f64; LANES],
+    dbeta: &mut [f64; LANES],
+) {
+    (V::load_f64(dgamma) + dy * n).store_f64(dgamma);
+    if G::WITH_BETA {
+        (V::load_f64(dbeta) + dy).store_f64(dbeta);
+    }
+}
+
+/// LayerNorm backward of a block of rows (`dx` holds as many rows as
+/// `inputs`): writes `dx` and adds each row's `dy ⊙ n` and `dy` to
+/// `partials` in row order.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
+    inputs: Inputs<'_, A>,
+    dx: &mut [A],
+    saved: Saved<'_, RowCentring>,
+    partials: &mut Partials,
+) {
+    let Inputs { x, dy, d, gain } = inputs;
+    if d == 0 {
+        return;
+    }
+    let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
+    for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
+        let row = (x, dy, gain);
+        match saved {
+            Saved::Compute(eps) => layer_norm_backward_row::<A, V>(row, dx, eps, partials),
+            Saved::Rows(rows) => {
+                let stats = rows.get(index).copied().unwrap_or(RowCentring::NOT_FINITE);
+                layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+            }
+        }
+    }
+}
+
+/// LayerNorm backward of one row, its statistics computed on the way: pass
+/// 1 of the exact centring, then pass A also sums `Σ (xᵢ - base)²`, the
+/// centring's pass 2, so the statistics (those of
+/// [`exact_centring`](super::portable)) cost one pass over the row.
+// Out of line in unoptimised builds only: there every vector temporary
+// gets its own stack slot, and a trampoline holding all the row kernels
+// would outgrow a test thread's stack. Optimised builds inline everything.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_backward_row<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    eps: f64,
+    partials: &mut Partials,
+) {
+    let x = row.0;
+    let (base, shift, magnitude) = match centring_first_pass::<A, V>(x, eps) {
+        FirstPass::Finished(centring) => {
+            let stats = RowCentring::from_centring(x, centring, eps);
+            return layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+        }
+        FirstPass::Deviations {
+            base,
+            shift,
+            magnitude,
+        } => (base, shift, magnitude),
+    };
+    let deviate = FromBase {
+        scale: None,
+        base: V::splat(base),
+    };
+    let ((g_sum, ge_sum), squares) = pass_a::<A, V, _, true, true>(row, deviate);
+    let d = x.len() as f64;
+    let var = match variance(squares.plain_total(), d, shift, eps) {
+        Variance::Short(var) => var,
+        Variance::Centred => centred_square_sum::<A, V>(x, base, shift) / d,
+        Variance::Rescale => {
+            let stats =
+                RowCentring::from_centring(x, rescaled_centring::<A, V>(x, eps, magnitude), eps);
+            return layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+        }
+    };
+    let stats = RowCentring {
+        scale: 1.0,
+        base,
+        shift,
+        inv_std: inverse_root(var, eps, 1.0),
+    };
+    layer_norm_pass_b::<A, V>(row, dx, stats, (g_sum, ge_sum), partials);
+}
+
+/// LayerNorm backward of one row from its saved statistics.
+// See `layer_norm_backward_row`.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    stats: RowCentring,
+    partials: &mut Partials,
+) {
+    let deviate = FromBase {
+        scale: optional::<V>(stats.scale),
+        base: V::splat(stats.base),
+    };
+    let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate);
+    layer_norm_pass_b::<A, V>(row, dx, stats, sums, partials);
+}
+
+/// The row's means from the sums of pass A, then pass B. With
+/// `n = (e - shift) · inv_std`, `Σ gᵢ nᵢ = (Σ gᵢ eᵢ - shift · Σ gᵢ) · inv_std`:
+/// `shift` is below the rounding of the mean, so the subtraction does not
+/// cancel.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_pass_b<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    stats: RowCentring,
+    (g_sum, ge_sum): (BlockedSum<V>, BlockedSum<V>),
+    partials: &mut Partials,
+) {
+    let RowCentring {
+        scale,
+        base,
+        shift,
+        inv_std,
+    } = stats;
+    let deviate = FromBase {
+        scale: optional::<V>(scale),
+        base: V::splat(base),
+    };
+    if inv_std.is_infinite() {
+        return pass_b::<A, V, _, _>(row, dx, partials, deviate, Singular::<true>);
+    }
+    let d = dx.len() as f64;
+    let g_total = g_sum.plain_total();
+    let gn_total = (ge_sum.plain_total() - shift * g_total) * inv_std;
+    let gradient = LayerNormGradient {
+        shift: V::splat(shift),
+        inv_std: V::splat(inv_std),
+        mean_g: V::splat(g_total / d),
+        mean_gn: V::splat(gn_total / d),
+        rstd: V::splat(inv_std * scale),
+    };
+    pass_b::<A, V, _, _>(row, dx, partials, deviate, gradient);
+}
+
+/// RMSNorm backward of a block of rows: writes `dx` and adds each row's
+/// `dy ⊙ n` to `partials.dgamma` in row order.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
+    inputs: Inputs<'_, A>,
+    dx: &mut [A],
+    saved: Saved<'_, RowScaling>,
+    partials: &mut Partials,
+) {
+    let Inputs { x, dy, d, gain } = inputs;
+    if d == 0 {
+        return;
+    }
+    let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
+    for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
+        let row = (x, dy, gain);
+        match saved {
+            Saved::Compute(eps) => rms_norm_backward_row::<A, V>(row, dx, eps, partials),
+            Saved::Rows(rows) => {
+                let stats = rows.get(index).copied().unwrap_or(RowScaling::NOT_FINITE);
+                rms_norm_backward_saved::<A, V>(row, dx, stats, partials);
+            }
+        }
+    }
+}
+
+/// RMSNorm backward of one row, its statistics computed on the way: pass A
+/// also sums `Σ xᵢ²`, which is all that [`rms_scaling`] needs of a row that
+/// is not rescaled.
+// See `layer_norm_backward_row`.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rms_norm_backward_row<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    eps: f64,
+    partials: &mut Partials,
+) {
+    let x = row.0;
+    let deviate = Scaled { scale: None };
+    let ((_, gx_sum), squares) = pass_a::<A, V, _, false, true>(row, deviate);
+    if x.len() <= SHORT_ROW {
+        // Short rows: the forward kernel's own scale where it has one (see
+        // `rms_scaling`), so that it has the bits the training forward saves.
+        if let Some(scaling) = short::rms_scaling(x, eps) {
+            let stats = RowScaling::from_scaling(Some(scaling));
+            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
+            return;
+        }
+    }
+    match rms_from_squares(squares.plain_total(), x.len() as f64, eps) {
+        Some(scaling) => {
+            let stats = RowScaling::from_scaling(Some(scaling));
+            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
+        }
+        None => {
+            let stats = RowScaling::from_scaling(rescaled_rms_scaling::<A, V>(x, eps));
+            rms_norm_backward_saved::<A, V>(row, dx, stats, partials);
+        }
+    }
+}
+
+/// RMSNorm backward of one row from its saved statistics.
+// See `layer_norm_backward_row`.
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rms_norm_backward_saved<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    stats: RowScaling,
+    partials: &mut Partials,
+) {
+    let deviate = Scaled {
+        scale: optional::<V>(stats.scale),
+    };
+    let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate);
+    rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
+}
+
+/// The row's mean from the sum of pass A, then pass B:
+/// `Σ gᵢ nᵢ = Σ gᵢ eᵢ · inv_rms`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rms_norm_pass_b<A: NormScalar, V: Vector>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    stats: RowScaling,
+    gx_sum: BlockedSum<V>,
+    partials: &mut Partials,
+) {
+    let RowScaling { scale, inv_rms } = stats;
+    let deviate = Scaled {
+        scale: optional::<V>(scale),
+    };
+    if inv_rms.is_infinite() {
+        return pass_b::<A, V, _, _>(row, dx, partials, deviate, Singular::<false>);
+    }
+    let gn_total = gx_sum.plain_total() * inv_rms;
+    let gradient = RmsNormGradient {
+        inv_rms: V::splat(inv_rms),
+        mean_gn: V::splat(gn_total / dx.len() as f64),
+        rrms: V::splat(inv_rms * scale),
+    };
+    pass_b::<A, V, _, _>(row, dx, partials, deviate, gradient);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::simd::{Arith, Portable};
+    use super::*;
+
+    #[test]
+    fn column_sum_keeps_what_plain_sum_drops() {
+        let mut sum = ColumnSum::new(1);
+        for v in [1e16, 1.0, -1e16, 1.0] {
+            sum.add(&[v]);
+        }
+        assert_eq!(sum.total::<f64>(), vec![2.0]);
+    }
+
+    #[test]
+    fn constant_row_keeps_its_value_as_mean() {
+        // 0.1 + 0.1 + 0.1 = 0.30000000000000004 in f64, so a mean formed as
+        // sum / d would not be 0.1.
+        let stats = |x: &[f64], eps| {
+            RowCentring::from_centring(x, exact_centring::<f64, Portable>(x, eps), eps)
+        };
+        assert_eq!(stats(&[0.1, 0.1, 0.1], 0.25).mean(), 0.1);
+        assert_eq!(stats(&[0.1, 0.1, 0.1], 0.25).rstd(), 2.0);
+        assert_eq!(stats(&[0.1; 3], 0.0).rstd(), f64::INFINITY);
+    }
+
+    #[test]
+    fn zero_row_without_eps_has_infinite_inverse_rms() {
+        let rrms =
+            |eps| RowScaling::from_scaling(rms_scaling::<f32, Portable>(&[0.0; 4], eps)).rrms();
+        assert_eq!(rrms(0.0), f64::INFINITY);
+        assert_eq!(rrms(0.25), 2.0);
+    }
+
+    #[test]
+    fn partials_are_padded_to_whole_vectors() {
+        for (d, padded) in [(1, LANES), (LANES, LANES), (LANES + 1, 2 * LANES)] {
+            let partials = Partials::new(d);
+            assert_eq!(partials.dgamma.len(), padded);
+            assert_eq!(partials.dbeta.len(), padded);
+        }
+    }
+
+    /// The row sums of pass A are blocked sums. Terms `g` = 2⁵³ then
+    /// ones: lane 0 gets elements 0, 16, 32, …, and its first block sum
+    /// (8 vectors) loses the 7 ones after 2⁵³ (2⁵³ + 1 rounds to 2⁵³); the
+    /// blocks' totals are compensated, so every other one is kept.
+    #[test]
+    fn row_sums_lose_at_most_a_block_per_lane() {
+        let d = 16 * LANES * BLOCK; // 16 blocks of 8 vectors
+        let big = 2.0_f64.powi(53);
+        let dy: Vec<f64> = (0..d).map(|i| if i == 0 { big } else { 1.0 }).collect();
+        let x = vec![0.0; d];
+        let gain = Gain::Gamma(&vec![1.0; d]).widened();
+        let deviate = FromBase {
+            scale: None,
+            base: Portable::splat(0.0),
+        };
+        let row = (&x[..], &dy[..], &gain[..]);
+        let ((g_sum, _), _) = pass_a::<f64, Portable, _, true, false>(row, deviate);
+        assert_eq!(g_sum.plain_total(), big + (d - 1 - (BLOCK - 1)) as f64);
+    }
+
+    /// The sums of pass A keep only the real lanes of the last, partial
+    /// chunk.
+    #[test]
+    fn pass_a_sums_every_element_once() {
+        let d = 2 * LANES + 3;
+        let x: Vec<f64> = (0..d).map(|i| (i % 5) as f64).collect();
+        let dy: Vec<f64> = (0..d).map(|i| i as f64 - 4.0).collect();
+        let weights: Vec<f64> = (0..d).map(|i| 0.5 + (i % 3) as f64).collect();
+        let gain = Gain::Gamma(&weights).widened();
+        let deviate = FromBase {
+            scale: None,
+            base: Portable::splat(2.0),
+        };
+        let row = (&x[..], &dy[..], &gain[..]);
+        let ((g_sum, ge_sum), squares) = pass_a::<f64, Portable, _, true, true>(row, deviate);
+        // Small integers and halves: every sum is exact.
+        let terms = x.iter().zip(&dy).zip(&weights);
+        let (mut g_exact, mut ge_exact, mut squares_exact) = (0.0, 0.0, 0.0);
+        for ((&x, &dy), &w) in terms {
+            g_exact += w * dy;
+            ge_exact += w * dy * (x - 2.0);
+            squares_exact += (x - 2.0) * (x - 2.0);
+        }
+        assert_eq!(g_sum.plain_total(), g_exact);
+        assert_eq!(ge_sum.plain_total(), ge_exact);
+        assert_eq!(squares.plain_total(), squares_exact);
+    }
+
+    /// Backward that computes the statistics on the way gives the bits of
+    /// backward from the exact centring's statistics, also on a row where
+    /// the variance needs the centring's extra pass (a large `shift` next to
+    /// a tiny spread).
+    #[test]
+    fn fused_statistics_are_the_exact_centring() {
+        let d = 2 * LANES * BLOCK + 5;
+        let x: Vec<f64> = (0..d)
+            .map(|i| 1.0 + (i % 7) as f64 * 2f64.powi(-50))
+            .collect();
+        let dy: Vec<f64> = (0..d).map(|i| (i % 11) as f64 - 5.0).collect();
+        let gain = Gain::Gamma(&vec![1.5; d]).widened();
+        let FirstPass::Deviations { base, shift, .. } =
+            centring_first_pass::<f64, Portable>(&x, 0.0)
+        else {
+            panic!("an ordinary row");
+        };
+        let deviate = FromBase {
+            scale: None,
+            base: Portable::splat(base),
+        };
+        let (_, squares) = pass_a::<f64, Portable, _, true, true>((&x, &dy, &gain), deviate);
+        let branch = variance(squares.plain_total(), d as f64, shift, 0.0);
+        assert!(
+            matches!(branch, Variance::Centred),
+            "the short formula would do"
+        );
+
+        let stats = [RowCentring::from_centring(
+            &x,
+            exact_centring::<f64, Portable>(&x, 0.0),
+            0.0,
+        )];
+        let inputs = Inputs {
+            x: &x,
+            dy: &dy,
+            d,
+            gain: &gain,
+        };
+        let run = |saved| {
+            let mut dx = vec![0.0; d];
+            let mut partials = Partials::new(d);
+            layer_norm_backward_block::<f64, Portable>(inputs, &mut dx, saved, &mut partials);
+            let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            (bits(&dx), bits(&partials.dgamma), bits(&partials.dbeta))
+        };
+        assert_eq!(run(Saved::Compute(0.0)), run(Saved::Rows(&stats)));
+    }
+
+    #[test]
+    fn gains_are_widened_and_padded() {
+        let w = [0.5_f32, -2.0, 3e-8];
+        let plain = Gain::Gamma(&w).widened();
+        assert_eq!(plain.len(), LANES);
+        assert_eq!(plain[..3], [0.5, -2.0, f64::from(3e-8_f32)]);
+        assert!(plain[3..].iter().all(|&v| v == 0.0));
+        let one_plus = Gain::OnePlus(&w).widened();
+        assert_eq!(one_plus[..3], [1.5, -1.0, 1.0 + f64::from(3e-8_f32)]);
+        assert!(one_plus[3..].iter().all(|&v| v == 0.0));
+    }
+}
