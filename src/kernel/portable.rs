@@ -1066,7 +1066,8 @@ fn feature_chunks<A: NormScalar>(v: &[A]) -> (&[[A; LANES]], [A; LANES]) {
     (chunks, padded(tail))
 }
 
-/// LayerNorm of `rows` consecutive rows of `io`.
+/// LayerNorm of `rows` consecutive rows of `io`: short rows sixteen at a
+/// time, longer rows one by one.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
@@ -1074,14 +1075,7 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     affine: Affine<'_, A>,
     eps: f64,
 ) {
-    let d = io.input().len() / rows.max(1);
-    if d <= SHORT_ROW {
-        short::layer_norm_rows::<A, V>(io, rows, affine, eps);
-    } else {
-        for io in io.rows(d) {
-            general_layer_norm_row::<A, V>(io, affine, eps);
-        }
-    }
+    short::layer_norm_rows::<A, V>(io, rows, affine, eps);
 }
 
 /// LayerNorm of one row of any length.
@@ -1119,7 +1113,8 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
     }
 }
 
-/// RMSNorm of `rows` consecutive rows of `io`.
+/// RMSNorm of `rows` consecutive rows of `io`: short rows sixteen at a
+/// time, longer rows one by one.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
@@ -1127,14 +1122,7 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     affine: Affine<'_, A>,
     eps: f64,
 ) {
-    let d = io.input().len() / rows.max(1);
-    if d <= SHORT_ROW {
-        short::rms_norm_rows::<A, V>(io, rows, affine, eps);
-    } else {
-        for io in io.rows(d) {
-            general_rms_norm_row::<A, V>(io, affine, eps);
-        }
-    }
+    short::rms_norm_rows::<A, V>(io, rows, affine, eps);
 }
 
 /// RMSNorm of one row of any length.

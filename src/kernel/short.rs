@@ -261,7 +261,7 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     }
 }
 
-/// LayerNorm of the `rows` consecutive short rows of `io`.
+/// LayerNorm of the `rows` consecutive rows of `io`.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
@@ -272,7 +272,7 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     for_rows::<A, V, _>(io, rows, LayerNormOp { affine, eps });
 }
 
-/// RMSNorm of the `rows` consecutive short rows of `io`.
+/// RMSNorm of the `rows` consecutive rows of `io`.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
@@ -283,12 +283,18 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     for_rows::<A, V, _>(io, rows, RmsNormOp { affine, eps });
 }
 
-/// Runs `op` on every row: 16 rows at a time with vectors, the rest one by
-/// one.
+/// Runs `op` on every row: short rows 16 at a time with vectors and the
+/// rest of them one by one, longer rows one by one in the long-row kernel.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize, op: Op) {
     let d = io.input().len() / rows.max(1);
     if d == 0 {
+        return;
+    }
+    if d > SHORT_ROW {
+        for io in io.rows(d) {
+            op.general::<V>(io);
+        }
         return;
     }
     let block = d * LANES;
