@@ -22,9 +22,8 @@ use std::time::Duration;
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use ndarray::{s, Array1, Array2, ArrayView2, ArrayViewMut2, Axis, ScalarOperand, ShapeBuilder};
+use ndarray::{s, Array1, Array2, ArrayView2, ArrayViewMut2, ShapeBuilder};
 use ndarray_layernorm::prelude::*;
-use num_traits::FromPrimitive;
 
 /// Bytes of input per benchmark.
 const INPUT_BYTES: usize = 4 << 20;
@@ -32,50 +31,9 @@ const INPUT_BYTES: usize = 4 << 20;
 /// Row lengths: a tiny one and the usual model widths.
 const DS: [usize; 4] = [4, 64, 768, 4096];
 
-const EPS: f64 = 1e-5;
-
-/// An element type with what the naive version needs.
-trait Elem: NormScalar + FromPrimitive + ScalarOperand + Default {
-    const NAME: &'static str;
-}
-
-impl Elem for f32 {
-    const NAME: &'static str = "f32";
-}
-
-impl Elem for f64 {
-    const NAME: &'static str = "f64";
-}
-
-fn naive_layer_norm<A: Elem>(
-    x: ArrayView2<'_, A>,
-    gamma: &Array1<A>,
-    beta: &Array1<A>,
-) -> Array2<A> {
-    let eps = A::narrow(EPS);
-    let mean = x
-        .mean_axis(Axis(1))
-        .unwrap_or_default()
-        .insert_axis(Axis(1));
-    let var = x.var_axis(Axis(1), A::zero()).insert_axis(Axis(1));
-    (&x - &mean) / (var + eps).mapv(A::sqrt) * gamma + beta
-}
-
-fn naive_rms_norm<A: Elem>(x: ArrayView2<'_, A>, gamma: &Array1<A>) -> Array2<A> {
-    let eps = A::narrow(EPS);
-    let ms = x.mapv(|v| v * v).mean_axis(Axis(1)).unwrap_or_default();
-    &x / (ms + eps).mapv(A::sqrt).insert_axis(Axis(1)) * gamma
-}
-
-fn naive_stats<A: Elem>(x: ArrayView2<'_, A>) -> (Array1<A>, Array1<A>) {
-    let mean = x.mean_axis(Axis(1)).unwrap_or_default();
-    let rms = x
-        .mapv(|v| v * v)
-        .mean_axis(Axis(1))
-        .unwrap_or_default()
-        .mapv(A::sqrt);
-    (mean, rms)
-}
+#[path = "common/naive.rs"]
+mod naive;
+use naive::{naive_layer_norm, naive_rms_norm, naive_stats, Elem, EPS};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Op {

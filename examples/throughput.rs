@@ -42,62 +42,17 @@ use std::fmt::Display;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ndarray::{s, Array1, Array2, ArrayView2, ArrayViewMut2, Axis, ScalarOperand, ShapeBuilder};
+use ndarray::{s, Array1, Array2, ArrayView2, ArrayViewMut2, ShapeBuilder};
 use ndarray_layernorm::prelude::*;
-use num_traits::FromPrimitive;
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
 /// Elements per chunk of the parallel copy.
 const COPY_CHUNK: usize = 1 << 14;
 
-const EPS: f64 = 1e-5;
-
-/// An element type with what the naive version needs.
-trait Elem: NormScalar + FromPrimitive + ScalarOperand + Default {
-    const NAME: &'static str;
-}
-
-impl Elem for f32 {
-    const NAME: &'static str = "f32";
-}
-
-impl Elem for f64 {
-    const NAME: &'static str = "f64";
-}
-
-/// The naive ndarray LayerNorm a user would write.
-fn naive_layer_norm<A: Elem>(
-    x: ArrayView2<'_, A>,
-    gamma: &Array1<A>,
-    beta: &Array1<A>,
-) -> Array2<A> {
-    let eps = A::narrow(EPS);
-    let mean = x
-        .mean_axis(Axis(1))
-        .unwrap_or_default()
-        .insert_axis(Axis(1));
-    let var = x.var_axis(Axis(1), A::zero()).insert_axis(Axis(1));
-    (&x - &mean) / (var + eps).mapv(A::sqrt) * gamma + beta
-}
-
-/// The naive ndarray RMSNorm a user would write.
-fn naive_rms_norm<A: Elem>(x: ArrayView2<'_, A>, gamma: &Array1<A>) -> Array2<A> {
-    let eps = A::narrow(EPS);
-    let ms = x.mapv(|v| v * v).mean_axis(Axis(1)).unwrap_or_default();
-    &x / (ms + eps).mapv(A::sqrt).insert_axis(Axis(1)) * gamma
-}
-
-/// The naive ndarray row statistics.
-fn naive_stats<A: Elem>(x: ArrayView2<'_, A>) -> (Array1<A>, Array1<A>) {
-    let mean = x.mean_axis(Axis(1)).unwrap_or_default();
-    let rms = x
-        .mapv(|v| v * v)
-        .mean_axis(Axis(1))
-        .unwrap_or_default()
-        .mapv(A::sqrt);
-    (mean, rms)
-}
+#[path = "../benches/common/naive.rs"]
+mod naive;
+use naive::{naive_layer_norm, naive_rms_norm, naive_stats, Elem, EPS};
 
 /// Time spent on one measurement after which no more repetitions start
 /// (past the first two).
