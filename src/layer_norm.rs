@@ -232,7 +232,7 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         check::same_shape(self, out)?;
         let (affine, eps) = (args.affine(), args.eps);
-        rows::map_rows(self, out, args.d, |isa, io, rows| {
+        rows::map_rows_into(self, out, args.d, |isa, io, rows| {
             kernel::layer_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(())
@@ -242,7 +242,7 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
-        rows::map_rows(self, out, d, |isa, io, rows| {
+        rows::map_rows_into(self, out, d, |isa, io, rows| {
             kernel::layer_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(())

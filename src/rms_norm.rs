@@ -208,7 +208,7 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         check::same_shape(self, out)?;
         let affine = Affine::Scale(&gamma);
-        rows::map_rows(self, out, d, |isa, io, rows| {
+        rows::map_rows_into(self, out, d, |isa, io, rows| {
             kernel::rms_norm_rows(isa, io, rows, affine, eps)
         });
         Ok(())
@@ -218,7 +218,7 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
-        rows::map_rows(self, out, d, |isa, io, rows| {
+        rows::map_rows_into(self, out, d, |isa, io, rows| {
             kernel::rms_norm_rows(isa, io, rows, Affine::Identity, eps)
         });
         Ok(())

@@ -73,20 +73,68 @@ fn rows_per_task(d: usize) -> usize {
     (TASK_ELEMS / d).max(1)
 }
 
+/// Outputs of at least this many bytes are written past the caches
+/// ([`Io::Stream`]): four times the 2 MiB per-core L2 cache of the
+/// development machine, beyond what the private caches of current CPUs
+/// hold. Plain stores read every output line before overwriting it, so a
+/// large output costs three transfers per line instead of the two of a
+/// copy.
+const STREAM_MIN_BYTES: usize = 8 << 20;
+
+/// Rows shorter than this many bytes are never streamed. A streamed row
+/// writes the partial lines at both of its ends with plain stores; with
+/// short rows those are a large share of all lines, and the mix of plain
+/// and non-temporal stores ran slower than plain stores alone (d = 64:
+/// `layer_norm_into` at half the speed, in `examples/throughput.rs`), while
+/// rows of 3 KiB and more gained 20 - 60%.
+const STREAM_MIN_ROW_BYTES: usize = 2048;
+
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
-/// shape, rows of length `d`).
+/// shape, rows of length `d`), an output just allocated: its pages are
+/// fresh from the system, zeroed and in cache, where plain stores are the
+/// fastest.
 pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     out: &mut ArrayRef<A, D>,
     d: usize,
     kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
 ) {
+    map_rows_with(x, out, d, false, kernel);
+}
+
+/// [`map_rows`] into an output the caller provides: a large one is written
+/// past the caches ([`Io::Stream`]) when its rows are long enough.
+pub(crate) fn map_rows_into<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    out: &mut ArrayRef<A, D>,
+    d: usize,
+    kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
+) {
+    map_rows_with(x, out, d, true, kernel);
+}
+
+fn map_rows_with<A: NormScalar, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    out: &mut ArrayRef<A, D>,
+    d: usize,
+    may_stream: bool,
+    kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
+) {
     let isa = Isa::detect();
     let row = |io: Io<'_, A>| kernel(isa, io, 1);
     if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
         // A block of consecutive rows goes to the kernel in one call.
+        let streamed = may_stream
+            && size_of_val(output) >= STREAM_MIN_BYTES
+            && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES;
         let rows = |input: &[A], output: &mut [A]| {
-            kernel(isa, Io::Copy { input, output }, input.len() / d);
+            let count = input.len() / d;
+            let io = if streamed {
+                Io::Stream { input, output }
+            } else {
+                Io::Copy { input, output }
+            };
+            kernel(isa, io, count);
         };
         #[cfg(feature = "rayon")]
         if parallel(input.len()) {

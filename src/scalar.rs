@@ -45,6 +45,10 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
     /// Stores a kernel vector, rounding each lane once.
     #[doc(hidden)]
     fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]);
+    /// Stores a kernel vector as [`NormScalar::store`] does, past the caches
+    /// where the vector type allows it.
+    #[doc(hidden)]
+    fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]);
 }
 
 impl NormScalar for f32 {
@@ -64,6 +68,10 @@ impl NormScalar for f32 {
     fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.store_f32(chunk)
     }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
+        value.stream_f32(chunk)
+    }
 }
 
 impl NormScalar for f64 {
@@ -82,5 +90,9 @@ impl NormScalar for f64 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.store_f64(chunk)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
+        value.stream_f64(chunk)
     }
 }

@@ -1,7 +1,8 @@
 //! The row walk on one thread (with or without the `rayon` feature): every
 //! layout gives each row the result that row gives on its own, as a
 //! contiguous one-row array, bit for bit. Shapes are small, so no call
-//! leaves the calling thread.
+//! leaves the calling thread, except in the last test, which checks the
+//! streamed writes of large outputs.
 
 use ndarray::{s, Array, Array1, Array2, ArrayD, ArrayView, ArrayViewMut, Dimension, IxDyn};
 use ndarray::{RemoveAxis, ShapeBuilder};
@@ -177,5 +178,55 @@ fn empty_leading_axes_in_any_layout() {
         assert_eq!(y.shape(), &[0, 4]);
         let (mean, rms) = view.stats().unwrap();
         assert_eq!((mean.len(), rms.len()), (0, 0));
+    }
+}
+
+/// Outputs of 8 MiB and more, with rows of 2 KiB and more, are written past
+/// the caches by the `_into` forms; the allocating forms write the same
+/// values with plain stores. Every alignment of the output within a cache
+/// line gives the same bits.
+#[test]
+fn large_outputs_written_past_the_caches() {
+    let (rows, d) = (1040, 1030); // 8.2 MiB of f64, rows of 8 KiB
+    let x = values(ndarray::Ix2(rows, d));
+    let x32 = x.mapv(|v| v as f32);
+    let gamma = Array1::from_shape_fn(d, |i| 1.0 + i as f64 / 8.0);
+    let beta = Array1::from_shape_fn(d, |i| i as f64 / 4.0 - 0.5);
+    let expected_ln = bits(&x.layer_norm(&gamma, &beta, 1e-5).unwrap());
+    let expected_rms = bits(&x.rms_norm(&gamma, 1e-6).unwrap());
+    let (gamma32, beta32) = (gamma.mapv(|v| v as f32), beta.mapv(|v| v as f32));
+    let expected32: Vec<u32> = x32
+        .layer_norm(&gamma32, &beta32, 1e-5)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    let mut buffer = vec![0.0f64; rows * d + 8];
+    let mut buffer32 = vec![0.0f32; 2 * rows * d + 16];
+    for offset in [0, 1, 3, 7] {
+        let mut out =
+            ndarray::ArrayViewMut2::from_shape((rows, d), &mut buffer[offset..][..rows * d])
+                .unwrap();
+        x.layer_norm_into(&mut out, &gamma, &beta, 1e-5).unwrap();
+        assert_eq!(bits(&out), expected_ln, "layer_norm_into, offset {offset}");
+        x.rms_norm_into(&mut out, &gamma, 1e-6).unwrap();
+        assert_eq!(bits(&out), expected_rms, "rms_norm_into, offset {offset}");
+        // f32: twice the rows, so that the output is still 8 MiB.
+        let x32 = ndarray::concatenate![ndarray::Axis(0), x32, x32];
+        let storage = &mut buffer32[2 * offset..][..2 * rows * d];
+        let mut out32 = ndarray::ArrayViewMut2::from_shape((2 * rows, d), storage).unwrap();
+        x32.layer_norm_into(&mut out32, &gamma32, &beta32, 1e-5)
+            .unwrap();
+        let got: Vec<u32> = out32.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(
+            got[..rows * d],
+            expected32[..],
+            "f32 layer_norm_into, offset {offset}"
+        );
+        assert_eq!(
+            got[rows * d..],
+            expected32[..],
+            "f32 second half, offset {offset}"
+        );
     }
 }

@@ -12,6 +12,7 @@
 //! same bits; the tests compare them, the plain lane array included.
 
 pub(crate) mod backward;
+mod cache;
 mod portable;
 mod short;
 pub(crate) mod simd;
@@ -29,36 +30,49 @@ pub(crate) enum Io<'a, A> {
     Copy { input: &'a [A], output: &'a mut [A] },
     /// Read and overwrite the same row.
     InPlace(&'a mut [A]),
+    /// As [`Io::Copy`], for outputs too large to stay in any cache: every
+    /// whole 64-byte line of the output is written with non-temporal
+    /// stores, which do not read the line first. Same values, same bits.
+    Stream { input: &'a [A], output: &'a mut [A] },
 }
 
 impl<'a, A> Io<'a, A> {
     fn input(&self) -> &[A] {
         match self {
-            Io::Copy { input, .. } => input,
+            Io::Copy { input, .. } | Io::Stream { input, .. } => input,
             Io::InPlace(row) => row,
         }
     }
 
     fn output(&mut self) -> &mut [A] {
         match self {
-            Io::Copy { output, .. } => output,
+            Io::Copy { output, .. } | Io::Stream { output, .. } => output,
             Io::InPlace(row) => row,
         }
     }
 
     /// The consecutive rows of length `d` (non-zero) of a block of rows.
     fn rows(self, d: usize) -> impl Iterator<Item = Io<'a, A>> {
-        let (copies, in_place) = match self {
+        let (copies, in_place, streamed) = match self {
             Io::Copy { input, output } => (
                 Some(input.chunks_exact(d).zip(output.chunks_exact_mut(d))),
                 None,
+                false,
             ),
-            Io::InPlace(rows) => (None, Some(rows.chunks_exact_mut(d))),
+            Io::Stream { input, output } => (
+                Some(input.chunks_exact(d).zip(output.chunks_exact_mut(d))),
+                None,
+                true,
+            ),
+            Io::InPlace(rows) => (None, Some(rows.chunks_exact_mut(d)), false),
         };
-        let copies = copies
-            .into_iter()
-            .flatten()
-            .map(|(input, output)| Io::Copy { input, output });
+        let copies = copies.into_iter().flatten().map(move |(input, output)| {
+            if streamed {
+                Io::Stream { input, output }
+            } else {
+                Io::Copy { input, output }
+            }
+        });
         copies.chain(in_place.into_iter().flatten().map(Io::InPlace))
     }
 }
@@ -91,6 +105,30 @@ impl<'a, A> Affine<'a, A> {
         match self {
             Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => &[],
             Affine::ScaleShift(_, beta) => beta,
+        }
+    }
+
+    /// The parameters of the features before `at` and from `at` on (`at` at
+    /// most the row length).
+    fn split_at(self, at: usize) -> (Self, Self) {
+        match self {
+            Affine::Identity => (Affine::Identity, Affine::Identity),
+            Affine::Scale(gamma) => {
+                let (head, rest) = gamma.split_at(at);
+                (Affine::Scale(head), Affine::Scale(rest))
+            }
+            Affine::ScaleShift(gamma, beta) => {
+                let (gamma_head, gamma_rest) = gamma.split_at(at);
+                let (beta_head, beta_rest) = beta.split_at(at);
+                (
+                    Affine::ScaleShift(gamma_head, beta_head),
+                    Affine::ScaleShift(gamma_rest, beta_rest),
+                )
+            }
+            Affine::OnePlus(w) => {
+                let (head, rest) = w.split_at(at);
+                (Affine::OnePlus(head), Affine::OnePlus(rest))
+            }
         }
     }
 }
@@ -398,6 +436,15 @@ mod tests {
                     &format!("layer_norm_rows {isa:?} d {d}"),
                 );
                 assert_same_bits(&in_place, &one_by_one, &format!("in place {isa:?} d {d}"));
+                // Streamed outputs at every alignment within a 64-byte line.
+                for offset in 0..64 / size_of::<A>() {
+                    let mut buffer = vec![A::zero(); x.len() + offset];
+                    let output = &mut buffer[offset..];
+                    let io = Io::Stream { input: &x, output };
+                    layer_norm_rows(isa, io, rows, affine, eps);
+                    let what = format!("streamed {isa:?} d {d} offset {offset}");
+                    assert_same_bits(&buffer[offset..], &one_by_one, &what);
+                }
 
                 let affine = Affine::Scale(&gamma);
                 let mut block = vec![A::zero(); x.len()];
@@ -416,13 +463,20 @@ mod tests {
                     rms_norm_rows(isa, Io::Copy { input, output }, 1, affine, eps);
                 }
                 assert_same_bits(&block, &one_by_one, &format!("rms_norm_rows {isa:?} d {d}"));
+                let mut buffer = vec![A::zero(); x.len() + 3];
+                let io = Io::Stream {
+                    input: &x,
+                    output: &mut buffer[3..],
+                };
+                rms_norm_rows(isa, io, rows, affine, eps);
+                assert_same_bits(&buffer[3..], &one_by_one, &format!("streamed rms {isa:?}"));
             }
         }
     }
 
     #[test]
     fn blocks_of_rows_give_the_bits_of_single_rows() {
-        for d in [1, 2, 3, 5, 8, 15, 16, 17, 40] {
+        for d in [1, 2, 3, 5, 8, 15, 16, 17, 40, 100] {
             let rows = 37; // two blocks of 16 and a remainder
             let values = slab(rows, d);
             check_blocks::<f64>(&values, rows, d);

@@ -975,11 +975,68 @@ fn optional_scale<V: Vector>(scale: f64) -> Option<V> {
 }
 
 /// Writes `affine(norm(xᵢ))` for every element of the row, each rounded
-/// once to the element type. The source of each chunk is a copy of its
-/// destination when the row is normalised in place; the last, partial chunk
-/// is padded with zeros and only its real elements are written.
+/// once to the element type.
+///
+/// Each output depends on its own input and features only, so the chunks
+/// may start anywhere: a streamed row ([`Io::Stream`]) writes the elements
+/// before its output's first 64-byte boundary with plain stores and the
+/// rest in chunks that start on that boundary, which lets their whole lines
+/// go past the caches.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
+    io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    norm: N,
+) {
+    match io {
+        Io::Stream { input, output } => {
+            let head = output.as_ptr().align_offset(64).min(output.len());
+            let (head_input, input) = input.split_at(head);
+            let (head_output, output) = output.split_at_mut(head);
+            let head_io = Io::Copy {
+                input: head_input,
+                output: head_output,
+            };
+            let (head_affine, affine) = affine.split_at(head);
+            write_chunks::<A, V, N, Plain>(head_io, head_affine, norm);
+            write_chunks::<A, V, N, Streaming>(Io::Copy { input, output }, affine, norm);
+        }
+        io => write_chunks::<A, V, N, Plain>(io, affine, norm),
+    }
+}
+
+/// How [`write_chunks`] stores a whole chunk.
+trait Store {
+    fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]);
+}
+
+/// Plain stores.
+struct Plain;
+
+impl Store for Plain {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
+        A::store(value, chunk)
+    }
+}
+
+/// Non-temporal stores where the chunk is aligned for them.
+struct Streaming;
+
+impl Store for Streaming {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
+        A::stream(value, chunk)
+    }
+}
+
+/// [`write_row`] of `io` (any row, or part of one: `affine` starts at the
+/// same feature), whole chunks stored by `S`. The source of each chunk is a
+/// copy of its destination when the row is normalised in place; the last,
+/// partial chunk is padded with zeros and only its real elements are
+/// written.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, S: Store>(
     io: Io<'_, A>,
     affine: Affine<'_, A>,
     norm: N,
@@ -987,7 +1044,7 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     let (gamma_chunks, gamma_tail) = feature_chunks(affine.gamma());
     let (beta_chunks, beta_tail) = feature_chunks(affine.beta());
     let (sources, destinations, tail) = match io {
-        Io::Copy { input, output } => {
+        Io::Copy { input, output } | Io::Stream { input, output } => {
             let (sources, source_tail) = input.as_chunks::<LANES>();
             let (destinations, destination_tail) = output.as_chunks_mut::<LANES>();
             (
@@ -1014,7 +1071,7 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
                 beta_chunks.get(k),
                 norm,
             );
-            A::store(value, destination);
+            S::store::<A, V>(value, destination);
         }
     }
     let (source_tail, destination_tail) = tail;
@@ -1034,7 +1091,7 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     }
 }
 
-/// Where [`write_row`] reads its chunks.
+/// Where [`write_chunks`] reads its chunks.
 #[derive(Clone, Copy)]
 enum ChunkSource<'a, A> {
     Separate(&'a [[A; LANES]]),

@@ -27,7 +27,7 @@ use super::portable::{
     Centring, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
-use super::{Affine, Io};
+use super::{cache, Affine, Io};
 use crate::scalar::NormScalar;
 
 /// Rows of at most this many elements are short.
@@ -283,6 +283,35 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     for_rows::<A, V, _>(io, rows, RmsNormOp { affine, eps });
 }
 
+/// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
+/// each next row (and, when the output is separate, its destination) to be
+/// brought into cache while the current one is worked on.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
+    let total = io.input().len();
+    let input = io.input().as_ptr();
+    // A streamed output is not read before it is written.
+    let output = match &io {
+        Io::Copy { output, .. } => Some(output.as_ptr()),
+        Io::InPlace(_) | Io::Stream { .. } => None,
+    };
+    let streamed = matches!(io, Io::Stream { .. });
+    let ahead = cache::rows_ahead::<A>(d);
+    for (row, io) in io.rows(d).enumerate() {
+        let next = (row + ahead) * d;
+        if next < total {
+            cache::for_reading(input.wrapping_add(next), d);
+            if let Some(output) = output {
+                cache::for_writing(output.wrapping_add(next), d);
+            }
+        }
+        op.general::<V>(io);
+    }
+    if streamed {
+        cache::after_streaming();
+    }
+}
+
 /// Runs `op` on every row: short rows 16 at a time with vectors and the
 /// rest of them one by one, longer rows one by one in the long-row kernel.
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -292,14 +321,13 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
         return;
     }
     if d > SHORT_ROW {
-        for io in io.rows(d) {
-            op.general::<V>(io);
-        }
+        long_rows::<A, V, Op>(io, d, op);
         return;
     }
     let block = d * LANES;
     match io {
-        Io::Copy { input, output } => {
+        // Short rows are written with plain stores.
+        Io::Copy { input, output } | Io::Stream { input, output } => {
             let mut inputs = input.chunks_exact(block);
             let mut outputs = output.chunks_exact_mut(block);
             let mut scratch = Scratch::new();

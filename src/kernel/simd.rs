@@ -79,6 +79,19 @@ pub trait Vector: Arith {
     fn store_f64(self, chunk: &mut [f64; LANES]);
     /// Stores 16 `f32`, each rounded to nearest (ties to even).
     fn store_f32(self, chunk: &mut [f32; LANES]);
+    /// Stores 16 `f64` past the caches (non-temporal stores) where the
+    /// vector type has them and `chunk` starts on a 64-byte line; a plain
+    /// store otherwise. The stored values are those of [`Vector::store_f64`].
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn stream_f64(self, chunk: &mut [f64; LANES]) {
+        self.store_f64(chunk)
+    }
+    /// Stores 16 `f32` as [`Vector::store_f32`] does, past the caches where
+    /// possible (see [`Vector::stream_f64`]).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn stream_f32(self, chunk: &mut [f32; LANES]) {
+        self.store_f32(chunk)
+    }
     /// Lanes `width .. 2 · width` moved down to `0 .. width`, for `width`
     /// a power of two below `LANES`; the other lanes hold arbitrary values.
     /// One step of the halving tree that reduces a vector to one lane.

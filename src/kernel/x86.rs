@@ -42,6 +42,8 @@ macro_rules! vector_type {
         splat: $splat:ident, load: $load:ident, store: $store:ident,
         load_f32: |$load_src:ident| $load_f32:expr,
         store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr,
+        stream: $stream:ident,
+        stream_f32: |$stream_value:ident, $stream_dst:ident| $stream_f32:expr,
         within_register: |$reg:ident, $half:ident| $within:expr $(,)?
     ) => {
         $(#[$doc])*
@@ -205,6 +207,34 @@ macro_rules! vector_type {
                 }
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
+            fn stream_f64(self, chunk: &mut [f64; LANES]) {
+                if chunk.as_ptr() as usize % 64 != 0 {
+                    return self.store_f64(chunk);
+                }
+                for (i, register) in self.0.into_iter().enumerate() {
+                    // SAFETY: `i * $width + $width <= LANES`, so the write stays
+                    // inside `chunk`; `chunk` starts on a 64-byte boundary and
+                    // each register is `8 · $width` bytes, so every address is
+                    // aligned as the non-temporal store requires; features:
+                    // module docs.
+                    unsafe { $stream(chunk.as_mut_ptr().add(i * $width), register) }
+                }
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn stream_f32(self, chunk: &mut [f32; LANES]) {
+                if chunk.as_ptr() as usize % 64 != 0 {
+                    return self.store_f32(chunk);
+                }
+                for (i, $stream_value) in self.0.into_iter().enumerate() {
+                    // SAFETY: as in `stream_f64`, with registers of
+                    // `4 · $width` bytes once narrowed.
+                    unsafe {
+                        let $stream_dst = chunk.as_mut_ptr().add(i * $width);
+                        $stream_f32
+                    }
+                }
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
             fn lanes_from(self, width: usize) -> Self {
                 let mut out = self.0;
                 if width >= $width {
@@ -231,6 +261,8 @@ vector_type! {
     splat: _mm_set1_pd, load: _mm_loadu_pd, store: _mm_storeu_pd,
     load_f32: |src| _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(src as *const __m128i))),
     store_f32: |value, dst| _mm_storel_epi64(dst as *mut __m128i, _mm_castps_si128(_mm_cvtpd_ps(value))),
+    stream: _mm_stream_pd,
+    stream_f32: |value, dst| _mm_stream_si64(dst as *mut i64, _mm_cvtsi128_si64(_mm_castps_si128(_mm_cvtpd_ps(value)))),
     within_register: |register, _half| _mm_unpackhi_pd(register, register),
 }
 
@@ -242,6 +274,8 @@ vector_type! {
     splat: _mm256_set1_pd, load: _mm256_loadu_pd, store: _mm256_storeu_pd,
     load_f32: |src| _mm256_cvtps_pd(_mm_loadu_ps(src)),
     store_f32: |value, dst| _mm_storeu_ps(dst, _mm256_cvtpd_ps(value)),
+    stream: _mm256_stream_pd,
+    stream_f32: |value, dst| _mm_stream_ps(dst, _mm256_cvtpd_ps(value)),
     within_register: |register, half| match half {
         2 => _mm256_permute2f128_pd::<0x01>(register, register),
         _ => _mm256_permute_pd::<0b0101>(register),
@@ -256,6 +290,8 @@ vector_type! {
     splat: _mm512_set1_pd, load: _mm512_loadu_pd, store: _mm512_storeu_pd,
     load_f32: |src| _mm512_cvtps_pd(_mm256_loadu_ps(src)),
     store_f32: |value, dst| _mm256_storeu_ps(dst, _mm512_cvtpd_ps(value)),
+    stream: _mm512_stream_pd,
+    stream_f32: |value, dst| _mm256_stream_ps(dst, _mm512_cvtpd_ps(value)),
     within_register: |register, half| match half {
         4 => _mm512_shuffle_f64x2::<0xEE>(register, register),
         2 => _mm512_shuffle_f64x2::<0x01>(register, register),
