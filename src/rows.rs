@@ -22,7 +22,7 @@ use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis};
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
 
-use crate::kernel::{Io, Isa};
+use crate::kernel::{cache, Io, Isa};
 use crate::scalar::NormScalar;
 
 /// Calls over fewer elements than this stay on the calling thread.
@@ -193,7 +193,11 @@ pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
         (x.as_slice(), first.as_slice_mut(), second.as_slice_mut())
     {
         let rows = |input: &[A], a: &mut [A], b: &mut [A]| {
-            for ((row, a), b) in input.chunks_exact(d).zip(a).zip(b) {
+            let ahead = cache::rows_ahead::<A>(d);
+            for (index, ((row, a), b)) in input.chunks_exact(d).zip(a).zip(b).enumerate() {
+                if let Some(next) = input.get((index + ahead) * d..(index + ahead + 1) * d) {
+                    cache::for_reading(next.as_ptr(), d);
+                }
                 (*a, *b) = reduce(row);
             }
         };

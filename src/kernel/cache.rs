@@ -21,7 +21,7 @@ const PREFETCH_DISTANCE: usize = 4096;
 
 /// How many rows of `d` elements ahead of the current one to prefetch.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rows_ahead<A>(d: usize) -> usize {
+pub(crate) fn rows_ahead<A>(d: usize) -> usize {
     (PREFETCH_DISTANCE / (d * size_of::<A>()).max(1)).max(1)
 }
 
@@ -31,7 +31,7 @@ const LINE: usize = 64;
 /// Asks for the `len` elements from `start` to be brought into cache for
 /// reading.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn for_reading<A>(start: *const A, len: usize) {
+pub(crate) fn for_reading<A>(start: *const A, len: usize) {
     let bytes = len * size_of::<A>();
     let start = start.cast::<u8>();
     let mut offset = 0;

@@ -12,7 +12,7 @@
 //! same bits; the tests compare them, the plain lane array included.
 
 pub(crate) mod backward;
-mod cache;
+pub(crate) mod cache;
 mod portable;
 mod short;
 pub(crate) mod simd;

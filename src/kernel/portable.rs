@@ -402,15 +402,15 @@ impl<V: Vector> Fold<V> for SpreadFold {
     }
 }
 
-/// Plain `Σ xᵢ` with the minimum and maximum.
+/// Plain `Σ xᵢ`.
 #[derive(Clone, Copy)]
-struct PlainSpread;
+struct PlainSum;
 
-impl<V: Vector> Fold<V> for PlainSpread {
-    type State = (V, (V, V));
+impl<V: Vector> Fold<V> for PlainSum {
+    type State = V;
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn step(self, (sum, (min, max)): Self::State, v: V) -> Self::State {
-        (sum + v, (min.min_select(v), max.max_select(v)))
+    fn step(self, sum: Self::State, v: V) -> Self::State {
+        sum + v
     }
 }
 
@@ -601,8 +601,8 @@ const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 
 /// The fast path for `f32` rows, two cheap passes with a certificate.
 ///
-/// Pass 1 is a plain sum with the extremes; `base` is its mean rounded to
-/// `f32`, so that `xᵢ - base` is usually exact. Pass 2 takes the blocked sum
+/// Pass 1 is a plain sum; `base` is its mean rounded to `f32`, so that
+/// `xᵢ - base` is usually exact. Pass 2 takes the blocked sum
 /// of `eᵢ = xᵢ - base`, the plain sum of `eᵢ²`, and the distance from the
 /// estimated mean of the element closest to it. The correction
 /// `shift = Σ eᵢ / d` is then known to within
@@ -621,17 +621,11 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
     eps: f64,
 ) -> Option<Centring> {
     let d = x.len() as f64;
-    let first = first_loaded::<A, V, _>(x, Unscaled);
-    let (sum, (min, max)) = fold_row(x, Unscaled, (V::splat(0.0), (first, first)), PlainSpread);
-    let sum = lane_sum(sum);
-    let (min, max) = lane_min_max(min, max);
+    let sum = lane_sum(fold_row(x, Unscaled, V::splat(0.0), PlainSum));
     // f32 values cannot overflow an f64 sum: a non-finite sum means a NaN or
     // an infinity in the row.
     if !sum.is_finite() {
         return Some(Centring::NotFinite);
-    }
-    if min == max {
-        return Some(Centring::Constant);
     }
     let estimate = sum / d;
     let base = A::narrow(estimate).widen();
@@ -642,8 +636,16 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
     };
     let init = ((BlockedSum::new(), V::splat(0.0)), V::splat(f64::INFINITY));
     let ((dev_sum, dev_squares), closest) = fold_row(x, Unscaled, init, fold);
+    let squares = lane_sum(dev_squares);
+    // `xᵢ - base` is a difference of two f32 values, non-zero unless they
+    // are equal, and the square of the smallest non-zero one (2⁻¹⁴⁹) is a
+    // normal f64: the square sum is zero exactly when every element equals
+    // `base`.
+    if squares == 0.0 {
+        return Some(Centring::Constant);
+    }
     let shift = dev_sum.plain_total() / d;
-    let mean_square = lane_sum(dev_squares) / d;
+    let mean_square = squares / d;
     let (closest, _) = lane_min_max(closest, closest);
     let shift_error =
         (BLOCK as f64 + 8.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
