@@ -943,17 +943,10 @@ pub(crate) fn layer_norm_grads_into<A: NormScalar, D: Dimension>(
     saved: Option<&[RowCentring]>,
     eps: f64,
 ) -> (Array1<A>, Array1<A>) {
-    let gain = gain.widened();
-    backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
+    backward_blocks(x, dy, dx, d, gain, |isa, first, inputs, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
-        };
-        let inputs = Inputs {
-            x,
-            dy,
-            d,
-            gain: &gain,
         };
         kernel::layer_norm_backward_block(isa, inputs, dx, saved, partials);
     })
@@ -985,17 +978,10 @@ pub(crate) fn rms_norm_grads_into<A: NormScalar, D: Dimension>(
     saved: Option<&[RowScaling]>,
     eps: f64,
 ) -> Array1<A> {
-    let gain = gain.widened();
-    let (dgamma, _) = backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
+    let (dgamma, _) = backward_blocks(x, dy, dx, d, gain, |isa, first, inputs, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
-        };
-        let inputs = Inputs {
-            x,
-            dy,
-            d,
-            gain: &gain,
         };
         kernel::rms_norm_backward_block(isa, inputs, dx, saved, partials);
     });
@@ -1063,10 +1049,16 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy + Send>(
     (y, stats)
 }
 
-/// The backward row walk: hands `block(isa, first_row, x, dy, dx, partials)`
-/// [`BLOCK_ROWS`] consecutive rows at a time (in logical order, contiguous,
-/// whatever the layout), with `partials` at 0, then adds the blocks'
-/// partials to the totals in block order.
+/// The block callback of [`backward_blocks`]: `(isa, first_row, inputs, dx,
+/// partials)`.
+trait BackwardBlock<A>: Fn(Isa, usize, Inputs<'_, A>, &mut [A], &mut Partials) + Sync {}
+
+impl<A, F: Fn(Isa, usize, Inputs<'_, A>, &mut [A], &mut Partials) + Sync> BackwardBlock<A> for F {}
+
+/// The backward row walk: hands `block(isa, first_row, inputs, dx,
+/// partials)` [`BLOCK_ROWS`] consecutive rows at a time (in logical order,
+/// contiguous, whatever the layout) with the widened `gain`, `partials` at
+/// 0, then adds the blocks' partials to the totals in block order.
 ///
 /// Each block depends only on its own rows, so with the `rayon` feature a
 /// large contiguous call computes its blocks on the current pool (see
@@ -1077,21 +1069,29 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
     dy: &ArrayRef<A, D>,
     dx: &mut ArrayRef<A, D>,
     d: usize,
-    block: impl Fn(Isa, usize, &[A], &[A], &mut [A], &mut Partials) + Sync,
+    gain: Gain<'_, A>,
+    block: impl BackwardBlock<A>,
 ) -> (Array1<A>, Array1<A>) {
     let isa = Isa::detect();
-    let mut totals = (ColumnSum::new(d), ColumnSum::new(d));
-    #[cfg(feature = "rayon")]
-    if parallel(x.len()) {
-        if let (Some(x), Some(dy), Some(dx)) = (x.as_slice(), dy.as_slice(), dx.as_slice_mut()) {
-            parallel_blocks(isa, (x, dy, dx), d, &block, &mut totals);
-            let (dgamma, dbeta) = totals;
-            return (Array1::from(dgamma.total()), Array1::from(dbeta.total()));
+    Scratch::with(d, |scratch| {
+        let Scratch {
+            gain: widened,
+            partials,
+            dgamma,
+            dbeta,
+        } = scratch;
+        gain.widen_into(widened);
+        let gain = &widened[..];
+        #[cfg(feature = "rayon")]
+        if parallel(x.len()) {
+            if let (Some(x), Some(dy), Some(dx)) = (x.as_slice(), dy.as_slice(), dx.as_slice_mut())
+            {
+                let totals = (&mut *dgamma, &mut *dbeta);
+                let inputs = Inputs { x, dy, d, gain };
+                parallel_blocks(isa, (inputs, dx), &block, totals);
+                return (Array1::from(dgamma.total()), Array1::from(dbeta.total()));
+            }
         }
-    }
-    let (dgamma, dbeta) = &mut totals;
-    let mut partials = Partials::new(d);
-    {
         let mut xs = RowBlocks::new(x, d);
         let mut dys = RowBlocks::new(dy, d);
         let mut dxs = RowBlocksMut::new(dx, d);
@@ -1102,21 +1102,69 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
                 break;
             }
             partials.clear();
-            block(
-                isa,
-                first,
-                x_block,
-                dys.next_block(BLOCK_ROWS),
-                dxs.next_block(BLOCK_ROWS),
-                &mut partials,
-            );
+            let inputs = Inputs {
+                x: x_block,
+                dy: dys.next_block(BLOCK_ROWS),
+                d,
+                gain,
+            };
+            block(isa, first, inputs, dxs.next_block(BLOCK_ROWS), partials);
             dgamma.add(&partials.dgamma);
             dbeta.add(&partials.dbeta);
             first += BLOCK_ROWS;
         }
+        drop(dxs);
+        (Array1::from(dgamma.total()), Array1::from(dbeta.total()))
+    })
+}
+
+/// The working memory of a backward call: the widened gain, one block's
+/// partials and the totals. Each thread keeps the last one it used, for
+/// rows of up to [`Scratch::KEPT_ROW`] elements, so that repeated calls
+/// (a training loop) allocate nothing but their results.
+struct Scratch {
+    gain: Vec<f64>,
+    partials: Partials,
+    dgamma: ColumnSum,
+    dbeta: ColumnSum,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Option<Box<Scratch>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Scratch {
+    /// The longest row whose working memory a thread keeps (about
+    /// `7 · 8 · KEPT_ROW` bytes).
+    const KEPT_ROW: usize = 1 << 14;
+
+    /// Runs `f` with working memory for rows of length `d`, all zero: this
+    /// thread's kept one if any (taken out while `f` runs, so a nested call
+    /// gets its own), else a new one.
+    fn with<R>(d: usize, f: impl FnOnce(&mut Scratch) -> R) -> R {
+        let kept = SCRATCH.try_with(std::cell::Cell::take).ok().flatten();
+        let mut scratch = match kept {
+            Some(mut scratch) => {
+                scratch.partials.reset(d);
+                scratch.dgamma.reset(d);
+                scratch.dbeta.reset(d);
+                scratch
+            }
+            None => Box::new(Scratch {
+                gain: Vec::new(),
+                partials: Partials::new(d),
+                dgamma: ColumnSum::new(d),
+                dbeta: ColumnSum::new(d),
+            }),
+        };
+        let result = f(&mut scratch);
+        if d <= Self::KEPT_ROW {
+            // Fails only while the thread is being torn down: then the
+            // memory is simply freed.
+            let _ = SCRATCH.try_with(|kept| kept.set(Some(scratch)));
+        }
+        result
     }
-    let (dgamma, dbeta) = totals;
-    (Array1::from(dgamma.total()), Array1::from(dbeta.total()))
 }
 
 /// Elements per parallel task of the block walks (rounded to whole blocks,
@@ -1160,11 +1208,11 @@ fn blocks_per_task(d: usize) -> usize {
 #[cfg(feature = "rayon")]
 fn parallel_blocks<A: NormScalar>(
     isa: Isa,
-    (x, dy, dx): (&[A], &[A], &mut [A]),
-    d: usize,
-    block: &(impl Fn(Isa, usize, &[A], &[A], &mut [A], &mut Partials) + Sync),
-    (dgamma, dbeta): &mut (ColumnSum, ColumnSum),
+    (inputs, dx): (Inputs<'_, A>, &mut [A]),
+    block: &impl BackwardBlock<A>,
+    (dgamma, dbeta): (&mut ColumnSum, &mut ColumnSum),
 ) {
+    let Inputs { x, dy, d, gain } = inputs;
     let block_len = BLOCK_ROWS * d.max(1);
     let wave = (WAVE_ELEMS / block_len).max(MIN_WAVE_BLOCKS);
     let slots = wave.min(x.len().div_ceil(block_len));
@@ -1181,7 +1229,8 @@ fn parallel_blocks<A: NormScalar>(
             .with_min_len(blocks_per_task(d))
             .for_each(|(i, (((x, dy), dx), partials))| {
                 partials.clear();
-                block(isa, first + i * BLOCK_ROWS, x, dy, dx, partials);
+                let inputs = Inputs { x, dy, d, gain };
+                block(isa, first + i * BLOCK_ROWS, inputs, dx, partials);
             });
         for partials in partials.iter().take(x.len().div_ceil(block_len)) {
             dgamma.add(&partials.dgamma);
