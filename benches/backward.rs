@@ -12,6 +12,11 @@
 //!   forward pass);
 //! - `rms_norm_backward` and its `_into` form.
 //!
+//! With the `rayon` feature the backward passes split large calls over
+//! rayon's global pool (set `RAYON_NUM_THREADS` to change it), and so do
+//! both copies whenever the pool has more than one thread: each op is
+//! compared with a copy on as many threads.
+//!
 //! The arrays hold 2²² elements (16 MiB per array in f32, 32 MiB in f64),
 //! well beyond the L2 cache, in rows of d ∈ {64, 768, 4096}. The ratios to
 //! the copies are what to compare: on a shared machine the absolute figures
@@ -38,15 +43,33 @@ fn values(seed: u64, n: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Elements per task of the split copy.
+#[cfg(feature = "rayon")]
+const COPY_CHUNK: usize = 1 << 16;
+
 /// `out = x + dy`, element by element: reads and writes the bytes backward
-/// must touch.
+/// must touch. With the `rayon` feature and more than one thread in the
+/// pool, split into chunks across the pool, as the backward passes split
+/// their rows: the floor of a parallel op is a parallel copy.
 fn copy<A: NormScalar>(out: &mut Array2<A>, x: &Array2<A>, dy: &Array2<A>) {
     let (Some(out), Some(x), Some(dy)) = (out.as_slice_mut(), x.as_slice(), dy.as_slice()) else {
         unreachable!("standard layout")
     };
-    for ((o, &a), &b) in out.iter_mut().zip(x).zip(dy) {
-        *o = a + b;
+    let add = |out: &mut [A], x: &[A], dy: &[A]| {
+        for ((o, &a), &b) in out.iter_mut().zip(x).zip(dy) {
+            *o = a + b;
+        }
+    };
+    #[cfg(feature = "rayon")]
+    if rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        out.par_chunks_mut(COPY_CHUNK)
+            .zip(x.par_chunks(COPY_CHUNK))
+            .zip(dy.par_chunks(COPY_CHUNK))
+            .for_each(|((out, x), dy)| add(out, x, dy));
+        return;
     }
+    add(out, x, dy);
 }
 
 fn group<A: NormScalar>(c: &mut Criterion, name: &str) {

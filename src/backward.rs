@@ -14,6 +14,9 @@ use crate::kernel::{self, Affine, Isa};
 use crate::scalar::NormScalar;
 use crate::{check, sealed};
 
+#[cfg(feature = "rayon")]
+use rayon::prelude::*;
+
 /// The gradients of a LayerNorm with respect to its input and parameters.
 ///
 /// # Examples
@@ -940,17 +943,10 @@ pub(crate) fn layer_norm_grads_into<A: NormScalar, D: Dimension>(
     saved: Option<&[RowCentring]>,
     eps: f64,
 ) -> (Array1<A>, Array1<A>) {
-    let gain = gain.widened();
-    backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
+    backward_blocks(x, dy, dx, d, gain, |isa, first, inputs, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
-        };
-        let inputs = Inputs {
-            x,
-            dy,
-            d,
-            gain: &gain,
         };
         kernel::layer_norm_backward_block(isa, inputs, dx, saved, partials);
     })
@@ -982,17 +978,10 @@ pub(crate) fn rms_norm_grads_into<A: NormScalar, D: Dimension>(
     saved: Option<&[RowScaling]>,
     eps: f64,
 ) -> Array1<A> {
-    let gain = gain.widened();
-    let (dgamma, _) = backward_blocks(x, dy, dx, d, |isa, first, x, dy, dx, partials| {
+    let (dgamma, _) = backward_blocks(x, dy, dx, d, gain, |isa, first, inputs, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
-        };
-        let inputs = Inputs {
-            x,
-            dy,
-            d,
-            gain: &gain,
         };
         kernel::rms_norm_backward_block(isa, inputs, dx, saved, partials);
     });
@@ -1011,16 +1000,32 @@ pub(crate) fn in_row_order<T: Copy, S: Dimension>(rows: &Array<T, S>) -> Cow<'_,
 /// Runs `block(isa, x, y, stats)` on [`BLOCK_ROWS`] rows at a time,
 /// collecting the rows' statistics in an array of the leading shape (first
 /// filled with `placeholder`).
-fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
+fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy + Send>(
     x: &ArrayRef<A, D>,
     d: usize,
     placeholder: T,
-    block: impl Fn(Isa, &[A], &mut [A], &mut [T]),
+    block: impl Fn(Isa, &[A], &mut [A], &mut [T]) + Sync,
 ) -> (Array<A, D>, Array<T, D::Smaller>) {
     let isa = Isa::detect();
     let mut y = Array::zeros(x.raw_dim());
     let leading = x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)));
     let mut stats = Array::from_elem(leading, placeholder);
+    // Each block writes only its own rows and statistics: any thread may
+    // compute it.
+    #[cfg(feature = "rayon")]
+    if parallel(x.len()) {
+        if let (Some(x), Some(ys), Some(slots)) =
+            (x.as_slice(), y.as_slice_mut(), stats.as_slice_mut())
+        {
+            let block_len = BLOCK_ROWS * d.max(1);
+            x.par_chunks(block_len)
+                .zip(ys.par_chunks_mut(block_len))
+                .zip(slots.par_chunks_mut(BLOCK_ROWS))
+                .with_min_len(blocks_per_task(d))
+                .for_each(|((x, y), slots)| block(isa, x, y, slots));
+            return (y, stats);
+        }
+    }
     {
         let mut xs = RowBlocks::new(x, d);
         let mut ys = RowBlocksMut::new(&mut y, d);
@@ -1044,24 +1049,49 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy>(
     (y, stats)
 }
 
-/// The backward row walk: hands `block(isa, first_row, x, dy, dx, partials)`
-/// [`BLOCK_ROWS`] consecutive rows at a time (in logical order, contiguous,
-/// whatever the layout), with `partials` at 0, then adds the block's
-/// partials to the totals in block order. Each block depends only on its
-/// own rows, so computing blocks on other threads and adding their partials
-/// in the same order would give the same bits.
+/// The block callback of [`backward_blocks`]: `(isa, first_row, inputs, dx,
+/// partials)`.
+trait BackwardBlock<A>: Fn(Isa, usize, Inputs<'_, A>, &mut [A], &mut Partials) + Sync {}
+
+impl<A, F: Fn(Isa, usize, Inputs<'_, A>, &mut [A], &mut Partials) + Sync> BackwardBlock<A> for F {}
+
+/// The backward row walk: hands `block(isa, first_row, inputs, dx,
+/// partials)` [`BLOCK_ROWS`] consecutive rows at a time (in logical order,
+/// contiguous, whatever the layout) with the widened `gain`, `partials` at
+/// 0, then adds the blocks' partials to the totals in block order.
+///
+/// Each block depends only on its own rows, so with the `rayon` feature a
+/// large contiguous call computes its blocks on the current pool (see
+/// [`parallel_blocks`]) and adds their partials afterwards, still one after
+/// the other in block order: the bits do not depend on the thread count.
 fn backward_blocks<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     dx: &mut ArrayRef<A, D>,
     d: usize,
-    mut block: impl FnMut(Isa, usize, &[A], &[A], &mut [A], &mut Partials),
+    gain: Gain<'_, A>,
+    block: impl BackwardBlock<A>,
 ) -> (Array1<A>, Array1<A>) {
     let isa = Isa::detect();
-    let mut dgamma = ColumnSum::new(d);
-    let mut dbeta = ColumnSum::new(d);
-    let mut partials = Partials::new(d);
-    {
+    Scratch::with(d, |scratch| {
+        let Scratch {
+            gain: widened,
+            partials,
+            dgamma,
+            dbeta,
+        } = scratch;
+        gain.widen_into(widened);
+        let gain = &widened[..];
+        #[cfg(feature = "rayon")]
+        if parallel(x.len()) {
+            if let (Some(x), Some(dy), Some(dx)) = (x.as_slice(), dy.as_slice(), dx.as_slice_mut())
+            {
+                let totals = (&mut *dgamma, &mut *dbeta);
+                let inputs = Inputs { x, dy, d, gain };
+                parallel_blocks(isa, (inputs, dx), &block, totals);
+                return (Array1::from(dgamma.total()), Array1::from(dbeta.total()));
+            }
+        }
         let mut xs = RowBlocks::new(x, d);
         let mut dys = RowBlocks::new(dy, d);
         let mut dxs = RowBlocksMut::new(dx, d);
@@ -1072,18 +1102,190 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
                 break;
             }
             partials.clear();
-            block(
-                isa,
-                first,
-                x_block,
-                dys.next_block(BLOCK_ROWS),
-                dxs.next_block(BLOCK_ROWS),
-                &mut partials,
-            );
+            let inputs = Inputs {
+                x: x_block,
+                dy: dys.next_block(BLOCK_ROWS),
+                d,
+                gain,
+            };
+            block(isa, first, inputs, dxs.next_block(BLOCK_ROWS), partials);
             dgamma.add(&partials.dgamma);
             dbeta.add(&partials.dbeta);
             first += BLOCK_ROWS;
         }
+        drop(dxs);
+        (Array1::from(dgamma.total()), Array1::from(dbeta.total()))
+    })
+}
+
+/// The working memory of a backward call: the widened gain, one block's
+/// partials and the totals. Each thread keeps the last one it used, for
+/// rows of up to [`Scratch::KEPT_ROW`] elements, so that repeated calls
+/// (a training loop) allocate nothing but their results.
+struct Scratch {
+    gain: Vec<f64>,
+    partials: Partials,
+    dgamma: ColumnSum,
+    dbeta: ColumnSum,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Option<Box<Scratch>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Scratch {
+    /// The longest row whose working memory a thread keeps (about
+    /// `7 · 8 · KEPT_ROW` bytes).
+    const KEPT_ROW: usize = 1 << 14;
+
+    /// Runs `f` with working memory for rows of length `d`, all zero: this
+    /// thread's kept one if any (taken out while `f` runs, so a nested call
+    /// gets its own), else a new one.
+    fn with<R>(d: usize, f: impl FnOnce(&mut Scratch) -> R) -> R {
+        let kept = SCRATCH.try_with(std::cell::Cell::take).ok().flatten();
+        let mut scratch = match kept {
+            Some(mut scratch) => {
+                scratch.partials.reset(d);
+                scratch.dgamma.reset(d);
+                scratch.dbeta.reset(d);
+                scratch
+            }
+            None => Box::new(Scratch {
+                gain: Vec::new(),
+                partials: Partials::new(d),
+                dgamma: ColumnSum::new(d),
+                dbeta: ColumnSum::new(d),
+            }),
+        };
+        let result = f(&mut scratch);
+        if d <= Self::KEPT_ROW {
+            // Fails only while the thread is being torn down: then the
+            // memory is simply freed.
+            let _ = SCRATCH.try_with(|kept| kept.set(Some(scratch)));
+        }
+        result
     }
-    (Array1::from(dgamma.total()), Array1::from(dbeta.total()))
+}
+
+/// Elements per parallel task of the block walks (rounded to whole blocks,
+/// at least one): enough that rayon's per-task cost is lost in the noise.
+#[cfg(feature = "rayon")]
+const TASK_ELEMS: usize = 1 << 14;
+
+/// Elements per wave of [`parallel_blocks`] (rounded to whole blocks, at
+/// least [`MIN_WAVE_BLOCKS`]): the partials of a wave's blocks are kept
+/// until the wave ends, about 1/128 of the wave's elements in `f64` for
+/// each of `dγ` and `dβ`, so waves bound that memory.
+#[cfg(all(feature = "rayon", not(test)))]
+const WAVE_ELEMS: usize = 1 << 21;
+
+/// Small waves in unit tests, so that a small call runs several.
+#[cfg(all(feature = "rayon", test))]
+const WAVE_ELEMS: usize = 1 << 12;
+
+/// Blocks per wave at least, so that very long rows still give every
+/// thread work.
+#[cfg(feature = "rayon")]
+const MIN_WAVE_BLOCKS: usize = 16;
+
+/// Whether a call over `elems` elements runs on the rayon pool: the
+/// threshold of the forward row walk.
+#[cfg(feature = "rayon")]
+fn parallel(elems: usize) -> bool {
+    elems >= crate::rows::PARALLEL_MIN_ELEMS && rayon::current_num_threads() > 1
+}
+
+/// Blocks per parallel task for rows of length `d`.
+#[cfg(feature = "rayon")]
+fn blocks_per_task(d: usize) -> usize {
+    (TASK_ELEMS / (BLOCK_ROWS * d).max(1)).max(1)
+}
+
+/// The backward walk of contiguous arrays on the current rayon pool: in
+/// waves of consecutive blocks, each block's partials computed by any
+/// thread into its own slot, then the wave's slots added to `totals` in
+/// block order.
+#[cfg(feature = "rayon")]
+fn parallel_blocks<A: NormScalar>(
+    isa: Isa,
+    (inputs, dx): (Inputs<'_, A>, &mut [A]),
+    block: &impl BackwardBlock<A>,
+    (dgamma, dbeta): (&mut ColumnSum, &mut ColumnSum),
+) {
+    let Inputs { x, dy, d, gain } = inputs;
+    let block_len = BLOCK_ROWS * d.max(1);
+    let wave = (WAVE_ELEMS / block_len).max(MIN_WAVE_BLOCKS);
+    let slots = wave.min(x.len().div_ceil(block_len));
+    let mut partials: Vec<Partials> = (0..slots).map(|_| Partials::new(d)).collect();
+    let wave_len = wave * block_len;
+    let waves = x.chunks(wave_len).zip(dy.chunks(wave_len));
+    for (index, ((x, dy), dx)) in waves.zip(dx.chunks_mut(wave_len)).enumerate() {
+        let first = index * wave * BLOCK_ROWS;
+        let blocks = x.par_chunks(block_len).zip(dy.par_chunks(block_len));
+        blocks
+            .zip(dx.par_chunks_mut(block_len))
+            .zip(partials.par_iter_mut())
+            .enumerate()
+            .with_min_len(blocks_per_task(d))
+            .for_each(|(i, (((x, dy), dx), partials))| {
+                partials.clear();
+                let inputs = Inputs { x, dy, d, gain };
+                block(isa, first + i * BLOCK_ROWS, inputs, dx, partials);
+            });
+        for partials in partials.iter().take(x.len().div_ceil(block_len)) {
+            dgamma.add(&partials.dgamma);
+            dbeta.add(&partials.dbeta);
+        }
+    }
+}
+
+#[cfg(all(test, feature = "rayon"))]
+mod tests {
+    use ndarray::Array2;
+
+    use super::*;
+
+    /// Rows of very different sizes, so that the per-feature sums depend on
+    /// the order of their terms.
+    fn uneven(seed: u64, rows: usize, d: usize) -> Array2<f64> {
+        let mut state = seed;
+        Array2::from_shape_fn((rows, d), |(i, _)| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let unit = (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+            [1.0, 1e-3, 1e4, 1e8][i % 4] * unit + [0.0, -2e3][i % 2]
+        })
+    }
+
+    /// A parallel call of many waves (small in unit tests), each of several
+    /// tasks, gives the bits of the one-thread walk.
+    #[test]
+    fn waves_of_blocks_give_the_one_thread_bits() {
+        let (rows, d) = ((1 << 17) / 8 + 37, 8);
+        assert!(rows * d >= crate::rows::PARALLEL_MIN_ELEMS);
+        assert!(rows / BLOCK_ROWS > 8 * MIN_WAVE_BLOCKS, "several waves");
+        let x = uneven(1, rows, d);
+        let dy = uneven(2, rows, d);
+        let gain: Vec<f64> = (0..d).map(|i| 0.5 + i as f64).collect();
+        let run = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let grads = layer_norm_grads(&x, &dy, d, Gain::Gamma(&gain), None, 1e-5);
+                let rms = rms_norm_grads(&x, &dy, d, Gain::OnePlus(&gain), None, 0.0);
+                let bits = |a: &[f64]| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                [
+                    bits(grads.dx.as_slice().unwrap()),
+                    bits(grads.dgamma.as_slice().unwrap()),
+                    bits(grads.dbeta.as_slice().unwrap()),
+                    bits(rms.dx.as_slice().unwrap()),
+                    bits(rms.dgamma.as_slice().unwrap()),
+                ]
+            })
+        };
+        assert_eq!(run(1), run(2));
+    }
 }

@@ -783,3 +783,152 @@ fn into_forms_reject_an_output_of_another_shape_and_leave_it_untouched() {
     ));
     assert!(dx.iter().chain(&right).all(|&v| v == 5.0));
 }
+
+// ---------------------------------------------------------------------------
+// Threads. Calls over at least 2¹⁷ elements split their blocks of 64 rows
+// over the rayon pool; the per-feature sums must still add the blocks in
+// block order, so one thread and two give the same bits.
+// ---------------------------------------------------------------------------
+
+/// Runs `f` on a pool of `threads` threads.
+#[cfg(feature = "rayon")]
+fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+/// Rows of very different offsets and spreads, so that the per-feature sums
+/// over rows depend on the order in which they are added.
+#[cfg(feature = "rayon")]
+fn uneven_rows(seed: u64, rows: usize, d: usize) -> Array2<f64> {
+    let values = noise(seed, rows * d);
+    Array2::from_shape_fn((rows, d), |(i, j)| {
+        let offset = [0.0, 3.0, -1e3, 1e5, 7e-3][i % 5];
+        let scale = [1.0, 1e-2, 10.0, 1e4][i % 4];
+        offset + scale * values[i * d + j]
+    })
+}
+
+/// The bits of every result of every backward form (and the training
+/// forward passes) on `x`, `dy`, `gamma`.
+#[cfg(feature = "rayon")]
+fn all_backward_bits<A: NormScalar>(
+    x: &Array2<A>,
+    dy: &Array2<A>,
+    gamma: &Array1<A>,
+) -> Vec<Vec<u64>> {
+    let bits = |a: &[A]| a.iter().map(|v| v.widen().to_bits()).collect::<Vec<_>>();
+    let arr = |a: &ndarray::ArrayRef2<A>| bits(&a.iter().copied().collect::<Vec<_>>());
+    let vec = |a: &Array1<A>| bits(a.as_slice().unwrap());
+    let eps = A::narrow(1e-5);
+    let beta = Array1::from_elem(gamma.len(), A::narrow(0.25));
+    let mut out = Vec::new();
+
+    let grads = x.layer_norm_backward(dy, gamma, eps).unwrap();
+    out.extend([arr(&grads.dx), vec(&grads.dgamma), vec(&grads.dbeta)]);
+    let (y, stats) = x.layer_norm_train(gamma, &beta, eps).unwrap();
+    out.push(arr(&y));
+    out.push(stats.mean().iter().map(|v| v.to_bits()).collect());
+    out.push(stats.rstd().iter().map(|v| v.to_bits()).collect());
+    let saved = x.layer_norm_backward_with_stats(dy, gamma, &stats).unwrap();
+    out.extend([arr(&saved.dx), vec(&saved.dgamma), vec(&saved.dbeta)]);
+    let mut dx = Array2::zeros(x.raw_dim());
+    let (dgamma, dbeta) = x.layer_norm_backward_into(&mut dx, dy, gamma, eps).unwrap();
+    out.extend([arr(&dx), vec(&dgamma), vec(&dbeta)]);
+
+    let grads = x.rms_norm_backward(dy, gamma, eps).unwrap();
+    out.extend([arr(&grads.dx), vec(&grads.dgamma)]);
+    let (y, stats) = x.rms_norm_train(gamma, eps).unwrap();
+    out.push(arr(&y));
+    out.push(stats.rrms().iter().map(|v| v.to_bits()).collect());
+    let mut dx = Array2::zeros(x.raw_dim());
+    let dgamma = x
+        .rms_norm_backward_with_stats_into(&mut dx, dy, gamma, &stats)
+        .unwrap();
+    out.extend([arr(&dx), vec(&dgamma)]);
+    out
+}
+
+/// 2¹⁷ elements and more, in blocks of 64 rows with a partial last block,
+/// and rows that end in a partial vector.
+#[cfg(feature = "rayon")]
+#[test]
+fn one_and_two_threads_give_the_same_bits() {
+    for (rows, d) in [(2100, 64), (150, 900)] {
+        assert!(rows * d >= 1 << 17, "large enough to run in parallel");
+        let x = uneven_rows(31, rows, d);
+        let dy = uneven_rows(32, rows, d);
+        let gamma = Array1::from(noise(33, d));
+        let one = on_threads(1, || all_backward_bits(&x, &dy, &gamma));
+        let two = on_threads(2, || all_backward_bits(&x, &dy, &gamma));
+        assert!(one == two, "f64, {rows} × {d}");
+
+        let (x, dy, gamma) = (
+            x.mapv(|v| v as f32),
+            dy.mapv(|v| v as f32),
+            gamma.mapv(|v| v as f32),
+        );
+        let one = on_threads(1, || all_backward_bits(&x, &dy, &gamma));
+        let two = on_threads(2, || all_backward_bits(&x, &dy, &gamma));
+        assert!(one == two, "f32, {rows} × {d}");
+    }
+}
+
+/// A two-thread call in Fortran order (walked on the calling thread) and in
+/// C order (split over the pool) gives the same bits.
+#[cfg(feature = "rayon")]
+#[test]
+fn parallel_and_gathered_walks_agree() {
+    let (rows, d) = (1100, 120);
+    let x = uneven_rows(41, rows, d);
+    let dy = uneven_rows(42, rows, d);
+    let gamma = Array1::from(noise(43, d));
+    let mut fortran = Array2::zeros((rows, d).f());
+    fortran.assign(&x);
+    let (c, f) = on_threads(2, || {
+        (
+            x.layer_norm_backward(&dy, &gamma, 1e-5).unwrap(),
+            fortran.layer_norm_backward(&dy, &gamma, 1e-5).unwrap(),
+        )
+    });
+    assert_eq!(bits64(&c.dx), bits64(&f.dx));
+    assert_eq!(bits64(&c.dgamma), bits64(&f.dgamma));
+    assert_eq!(bits64(&c.dbeta), bits64(&f.dbeta));
+}
+
+/// The blocks' partials are added in block order on any number of threads,
+/// also where that order shows in the bits. Column 0 of `dy` is zero but
+/// for the first row of each of five blocks of 64 rows: 2⁶⁰, 1, 2⁻⁵³,
+/// 2⁻⁵³, -2⁶⁰, so the blocks' partials of `dβ₀` are those values. Added in
+/// that order with TwoSum, the rounding errors 1, 2⁻⁵³, 2⁻⁵³ are summed
+/// into the low part, where 1 + 2⁻⁵³ rounds to 1 (a tie, to even) twice,
+/// and the high part ends at 0: `dβ₀ = 1`. In the reverse order the errors
+/// 2⁻⁵³ + 2⁻⁵³ + 1 = 1 + 2⁻⁵² are exact, so the order is visible.
+#[cfg(feature = "rayon")]
+#[test]
+fn blocks_are_added_in_block_order_on_any_thread_count() {
+    let (rows, d) = (5 * 64, 410);
+    assert!(rows * d >= 1 << 17, "large enough to run in parallel");
+    let x = uneven_rows(51, rows, d);
+    let firsts = [
+        2f64.powi(60),
+        1.0,
+        2f64.powi(-53),
+        2f64.powi(-53),
+        -2f64.powi(60),
+    ];
+    let mut dy = uneven_rows(52, rows, d);
+    for (i, mut row) in dy.rows_mut().into_iter().enumerate() {
+        row[0] = if i % 64 == 0 { firsts[i / 64] } else { 0.0 };
+    }
+    let gamma = Array1::from(noise(53, d));
+    for threads in [1, 2] {
+        let grads = on_threads(threads, || {
+            x.layer_norm_backward(&dy, &gamma, 1e-5).unwrap()
+        });
+        assert_eq!(grads.dbeta[0], 1.0, "{threads} threads");
+    }
+}

@@ -206,21 +206,26 @@ pub(crate) enum Gain<'a, A> {
 impl<'a, A: NormScalar> Gain<'a, A> {
     /// The gains `γ` or `1 + w` in `f64`, padded with zeros to whole
     /// vectors, as the backward kernels take them.
+    #[cfg(test)]
     pub(crate) fn widened(self) -> Vec<f64> {
+        let mut gain = Vec::new();
+        self.widen_into(&mut gain);
+        gain
+    }
+
+    /// [`widened`](Self::widened) into `gain`, reusing its memory.
+    pub(crate) fn widen_into(self, gain: &mut Vec<f64>) {
         let (Gain::Gamma(weights) | Gain::OnePlus(weights)) = self;
         let one = match self {
             Gain::Gamma(_) => None,
             Gain::OnePlus(_) => Some(1.0),
         };
-        let mut gain: Vec<f64> = weights
-            .iter()
-            .map(|w| match one {
-                Some(one) => one + w.widen(),
-                None => w.widen(),
-            })
-            .collect();
+        gain.clear();
+        gain.extend(weights.iter().map(|w| match one {
+            Some(one) => one + w.widen(),
+            None => w.widen(),
+        }));
         gain.resize(weights.len().div_ceil(LANES) * LANES, 0.0);
-        gain
     }
 
     /// The forward pass's affine part for this gain.
@@ -268,6 +273,16 @@ impl Partials {
         }
     }
 
+    /// Makes these the partials of rows of length `d`, every one at 0,
+    /// reusing their memory.
+    pub(crate) fn reset(&mut self, d: usize) {
+        let padded = d.div_ceil(LANES) * LANES;
+        for sums in [&mut self.dgamma, &mut self.dbeta] {
+            sums.clear();
+            sums.resize(padded, 0.0);
+        }
+    }
+
     /// Starts a block: every partial at 0.
     pub(crate) fn clear(&mut self) {
         self.dgamma.fill(0.0);
@@ -287,6 +302,15 @@ impl ColumnSum {
         ColumnSum {
             high: vec![0.0; d],
             low: vec![0.0; d],
+        }
+    }
+
+    /// Makes this the sum of no blocks for `d` features, reusing its
+    /// memory.
+    pub(crate) fn reset(&mut self, d: usize) {
+        for part in [&mut self.high, &mut self.low] {
+            part.clear();
+            part.resize(d, 0.0);
         }
     }
 
@@ -535,6 +559,44 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
     }
 }
 
+/// The `x` and `dy` of the row after the current one in its block (empty
+/// for the last), which pass B asks the cache for while it works on the
+/// current row.
+type Next<'a, A> = (&'a [A], &'a [A]);
+
+/// [`Next`] of row `index` of a block.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn next_row<'a, A>(x: &'a [A], dy: &'a [A], d: usize, index: usize) -> Next<'a, A> {
+    let start = (index + 1).saturating_mul(d);
+    let range = start..start.saturating_add(d);
+    (
+        x.get(range.clone()).unwrap_or_default(),
+        dy.get(range).unwrap_or_default(),
+    )
+}
+
+/// Asks the cache for every line of `chunk`, which is read soon. A hint
+/// only: it changes no value.
+///
+/// Passes 1 and A of a row are the first to read it; out of cache they
+/// wait for memory, while pass B of the row before works from cache. Asked
+/// for during that pass B, the next row is in cache when its passes start.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn prefetch<A>(chunk: &[A; LANES]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in chunk.iter().step_by((64 / size_of::<A>().max(1)).max(1)) {
+        // SAFETY: `_mm_prefetch` (SSE, in every x86_64 CPU) only asks the
+        // cache for a line: it reads nothing into the program, cannot
+        // fault, and the address comes from a live reference.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(line).cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = chunk;
+}
+
 /// Pass B over a row: writes `dx` and adds `dyᵢ · nᵢ` to `dgamma[i]` (and
 /// `dyᵢ` to `dbeta[i]` where the gradient says so), element by element.
 /// `e` and `g` are formed as in pass A. The last, partial chunk of `dx`
@@ -543,6 +605,7 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
+    next: Next<'_, A>,
     partials: &mut Partials,
     deviate: E,
     gradient: G,
@@ -555,8 +618,15 @@ fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
     let (dx_chunks, dx_tail) = dx.as_chunks_mut::<LANES>();
+    let (next_x, _) = next.0.as_chunks::<LANES>();
+    let (next_dy, _) = next.1.as_chunks::<LANES>();
     let inputs = x_chunks.iter().zip(dy_chunks);
-    for ((dx, (x, dy)), (g, (dgamma, dbeta))) in dx_chunks.iter_mut().zip(inputs).zip(&mut sums) {
+    let rows = dx_chunks.iter_mut().zip(inputs).zip(&mut sums);
+    for (index, ((dx, (x, dy)), (g, (dgamma, dbeta)))) in rows.enumerate() {
+        if let (Some(x), Some(dy)) = (next_x.get(index), next_dy.get(index)) {
+            prefetch(x);
+            prefetch(dy);
+        }
         let dy = A::load::<V>(dy);
         let e = deviate.deviation(A::load(x));
         let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
@@ -603,18 +673,24 @@ pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
     saved: Saved<'_, RowCentring>,
     partials: &mut Partials,
 ) {
-    let Inputs { x, dy, d, gain } = inputs;
+    let Inputs {
+        x: xs,
+        dy: dys,
+        d,
+        gain,
+    } = inputs;
     if d == 0 {
         return;
     }
-    let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
+    let rows = xs.chunks_exact(d).zip(dys.chunks_exact(d));
     for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
         let row = (x, dy, gain);
+        let next = next_row(xs, dys, d, index);
         match saved {
-            Saved::Compute(eps) => layer_norm_backward_row::<A, V>(row, dx, eps, partials),
+            Saved::Compute(eps) => layer_norm_backward_row::<A, V>(row, dx, eps, next, partials),
             Saved::Rows(rows) => {
                 let stats = rows.get(index).copied().unwrap_or(RowCentring::NOT_FINITE);
-                layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+                layer_norm_backward_saved::<A, V>(row, dx, stats, next, partials);
             }
         }
     }
@@ -633,13 +709,14 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
+    next: Next<'_, A>,
     partials: &mut Partials,
 ) {
     let x = row.0;
     let (base, shift, magnitude) = match centring_first_pass::<A, V>(x, eps) {
         FirstPass::Finished(centring) => {
             let stats = RowCentring::from_centring(x, centring, eps);
-            return layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+            return layer_norm_backward_saved::<A, V>(row, dx, stats, next, partials);
         }
         FirstPass::Deviations {
             base,
@@ -659,7 +736,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector>(
         Variance::Rescale => {
             let stats =
                 RowCentring::from_centring(x, rescaled_centring::<A, V>(x, eps, magnitude), eps);
-            return layer_norm_backward_saved::<A, V>(row, dx, stats, partials);
+            return layer_norm_backward_saved::<A, V>(row, dx, stats, next, partials);
         }
     };
     let stats = RowCentring {
@@ -668,7 +745,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector>(
         shift,
         inv_std: inverse_root(var, eps, 1.0),
     };
-    layer_norm_pass_b::<A, V>(row, dx, stats, (g_sum, ge_sum), partials);
+    layer_norm_pass_b::<A, V>(row, dx, stats, (g_sum, ge_sum), next, partials);
 }
 
 /// LayerNorm backward of one row from its saved statistics.
@@ -679,6 +756,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
+    next: Next<'_, A>,
     partials: &mut Partials,
 ) {
     let deviate = FromBase {
@@ -686,7 +764,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
         base: V::splat(stats.base),
     };
     let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate);
-    layer_norm_pass_b::<A, V>(row, dx, stats, sums, partials);
+    layer_norm_pass_b::<A, V>(row, dx, stats, sums, next, partials);
 }
 
 /// The row's means from the sums of pass A, then pass B. With
@@ -699,6 +777,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector>(
     dx: &mut [A],
     stats: RowCentring,
     (g_sum, ge_sum): (BlockedSum<V>, BlockedSum<V>),
+    next: Next<'_, A>,
     partials: &mut Partials,
 ) {
     let RowCentring {
@@ -712,7 +791,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector>(
         base: V::splat(base),
     };
     if inv_std.is_infinite() {
-        return pass_b::<A, V, _, _>(row, dx, partials, deviate, Singular::<true>);
+        return pass_b::<A, V, _, _>(row, dx, next, partials, deviate, Singular::<true>);
     }
     let d = dx.len() as f64;
     let g_total = g_sum.plain_total();
@@ -724,7 +803,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector>(
         mean_gn: V::splat(gn_total / d),
         rstd: V::splat(inv_std * scale),
     };
-    pass_b::<A, V, _, _>(row, dx, partials, deviate, gradient);
+    pass_b::<A, V, _, _>(row, dx, next, partials, deviate, gradient);
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
@@ -736,18 +815,24 @@ pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
     saved: Saved<'_, RowScaling>,
     partials: &mut Partials,
 ) {
-    let Inputs { x, dy, d, gain } = inputs;
+    let Inputs {
+        x: xs,
+        dy: dys,
+        d,
+        gain,
+    } = inputs;
     if d == 0 {
         return;
     }
-    let rows = x.chunks_exact(d).zip(dy.chunks_exact(d));
+    let rows = xs.chunks_exact(d).zip(dys.chunks_exact(d));
     for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
         let row = (x, dy, gain);
+        let next = next_row(xs, dys, d, index);
         match saved {
-            Saved::Compute(eps) => rms_norm_backward_row::<A, V>(row, dx, eps, partials),
+            Saved::Compute(eps) => rms_norm_backward_row::<A, V>(row, dx, eps, next, partials),
             Saved::Rows(rows) => {
                 let stats = rows.get(index).copied().unwrap_or(RowScaling::NOT_FINITE);
-                rms_norm_backward_saved::<A, V>(row, dx, stats, partials);
+                rms_norm_backward_saved::<A, V>(row, dx, stats, next, partials);
             }
         }
     }
@@ -763,6 +848,7 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
+    next: Next<'_, A>,
     partials: &mut Partials,
 ) {
     let x = row.0;
@@ -773,18 +859,18 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector>(
         // `rms_scaling`), so that it has the bits the training forward saves.
         if let Some(scaling) = short::rms_scaling(x, eps) {
             let stats = RowScaling::from_scaling(Some(scaling));
-            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
+            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, next, partials);
             return;
         }
     }
     match rms_from_squares(squares.plain_total(), x.len() as f64, eps) {
         Some(scaling) => {
             let stats = RowScaling::from_scaling(Some(scaling));
-            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
+            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, next, partials);
         }
         None => {
             let stats = RowScaling::from_scaling(rescaled_rms_scaling::<A, V>(x, eps));
-            rms_norm_backward_saved::<A, V>(row, dx, stats, partials);
+            rms_norm_backward_saved::<A, V>(row, dx, stats, next, partials);
         }
     }
 }
@@ -797,13 +883,14 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowScaling,
+    next: Next<'_, A>,
     partials: &mut Partials,
 ) {
     let deviate = Scaled {
         scale: optional::<V>(stats.scale),
     };
     let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate);
-    rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, partials);
+    rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, next, partials);
 }
 
 /// The row's mean from the sum of pass A, then pass B:
@@ -814,6 +901,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector>(
     dx: &mut [A],
     stats: RowScaling,
     gx_sum: BlockedSum<V>,
+    next: Next<'_, A>,
     partials: &mut Partials,
 ) {
     let RowScaling { scale, inv_rms } = stats;
@@ -821,7 +909,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector>(
         scale: optional::<V>(scale),
     };
     if inv_rms.is_infinite() {
-        return pass_b::<A, V, _, _>(row, dx, partials, deviate, Singular::<false>);
+        return pass_b::<A, V, _, _>(row, dx, next, partials, deviate, Singular::<false>);
     }
     let gn_total = gx_sum.plain_total() * inv_rms;
     let gradient = RmsNormGradient {
@@ -829,7 +917,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector>(
         mean_gn: V::splat(gn_total / dx.len() as f64),
         rrms: V::splat(inv_rms * scale),
     };
-    pass_b::<A, V, _, _>(row, dx, partials, deviate, gradient);
+    pass_b::<A, V, _, _>(row, dx, next, partials, deviate, gradient);
 }
 
 #[cfg(test)]
