@@ -71,7 +71,7 @@ use super::portable::{
 };
 use super::short::{self, SHORT_ROW};
 use super::simd::{Vector, LANES};
-use super::{Affine, Io};
+use super::{cache, Affine, Io};
 use crate::scalar::NormScalar;
 
 /// Rows per block of the per-feature sums over rows.
@@ -575,26 +575,15 @@ fn next_row<'a, A>(x: &'a [A], dy: &'a [A], d: usize, index: usize) -> Next<'a, 
     )
 }
 
-/// Asks the cache for every line of `chunk`, which is read soon. A hint
-/// only: it changes no value.
+/// Asks the cache for every line of `chunk`, which is read soon (see
+/// [`cache`]).
 ///
 /// Passes 1 and A of a row are the first to read it; out of cache they
 /// wait for memory, while pass B of the row before works from cache. Asked
 /// for during that pass B, the next row is in cache when its passes start.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn prefetch<A>(chunk: &[A; LANES]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in chunk.iter().step_by((64 / size_of::<A>().max(1)).max(1)) {
-        // SAFETY: `_mm_prefetch` (SSE, in every x86_64 CPU) only asks the
-        // cache for a line: it reads nothing into the program, cannot
-        // fault, and the address comes from a live reference.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(line).cast());
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = chunk;
+    cache::for_reading(chunk.as_ptr(), LANES);
 }
 
 /// Pass B over a row: writes `dx` and adds `dyᵢ · nᵢ` to `dgamma[i]` (and
