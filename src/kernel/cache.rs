@@ -32,12 +32,8 @@ const LINE: usize = 64;
 /// reading.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(crate) fn for_reading<A>(start: *const A, len: usize) {
-    let bytes = len * size_of::<A>();
-    let start = start.cast::<u8>();
-    let mut offset = 0;
-    while offset < bytes {
-        hint_read(start.wrapping_add(offset));
-        offset += LINE;
+    for line in lines(start, len) {
+        hint_read(line);
     }
 }
 
@@ -45,13 +41,18 @@ pub(crate) fn for_reading<A>(start: *const A, len: usize) {
 /// writing (read for ownership ahead of the stores).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn for_writing<A>(start: *const A, len: usize) {
-    let bytes = len * size_of::<A>();
-    let start = start.cast::<u8>();
-    let mut offset = 0;
-    while offset < bytes {
-        hint_write(start.wrapping_add(offset));
-        offset += LINE;
+    for line in lines(start, len) {
+        hint_write(line);
     }
+}
+
+/// One address in each cache line of the `len` elements from `start`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn lines<A>(start: *const A, len: usize) -> impl Iterator<Item = *const u8> {
+    let start = start.cast::<u8>();
+    (0..len * size_of::<A>())
+        .step_by(LINE)
+        .map(move |offset| start.wrapping_add(offset))
 }
 
 #[cfg(target_arch = "x86_64")]
