@@ -86,7 +86,8 @@ const STREAM_MIN_BYTES: usize = 8 << 20;
 /// short rows those are a large share of all lines, and the mix of plain
 /// and non-temporal stores ran slower than plain stores alone (d = 64:
 /// `layer_norm_into` at half the speed, in `examples/throughput.rs`), while
-/// rows of 3 KiB and more gained 20 - 60%.
+/// rows of 3 KiB and more ran as fast or up to 60% faster (most for long
+/// rows and at two threads).
 const STREAM_MIN_ROW_BYTES: usize = 2048;
 
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
