@@ -189,7 +189,7 @@ macro_rules! vector_type {
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn store_f64(self, chunk: &mut [f64; LANES]) {
-                for (i, register) in self.0.into_iter().enumerate() {
+                for (i, &register) in self.0.iter().enumerate() {
                     // SAFETY: `i * $width + $width <= LANES`, so the write stays
                     // inside `chunk`; unaligned stores; features: module docs.
                     unsafe { $store(chunk.as_mut_ptr().add(i * $width), register) }
@@ -197,7 +197,7 @@ macro_rules! vector_type {
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn store_f32(self, chunk: &mut [f32; LANES]) {
-                for (i, $store_value) in self.0.into_iter().enumerate() {
+                for (i, &$store_value) in self.0.iter().enumerate() {
                     // SAFETY: `i * $width + $width <= LANES`, so the write stays
                     // inside `chunk`; unaligned stores; features: module docs.
                     unsafe {
@@ -211,7 +211,7 @@ macro_rules! vector_type {
                 if chunk.as_ptr() as usize % 64 != 0 {
                     return self.store_f64(chunk);
                 }
-                for (i, register) in self.0.into_iter().enumerate() {
+                for (i, &register) in self.0.iter().enumerate() {
                     // SAFETY: `i * $width + $width <= LANES`, so the write stays
                     // inside `chunk`; `chunk` starts on a 64-byte boundary and
                     // each register is `8 · $width` bytes, so every address is
@@ -225,7 +225,7 @@ macro_rules! vector_type {
                 if chunk.as_ptr() as usize % 64 != 0 {
                     return self.store_f32(chunk);
                 }
-                for (i, $stream_value) in self.0.into_iter().enumerate() {
+                for (i, &$stream_value) in self.0.iter().enumerate() {
                     // SAFETY: as in `stream_f64`, with registers of
                     // `4 · $width` bytes once narrowed.
                     unsafe {
