@@ -55,18 +55,68 @@ const TILE_BYTES: usize = 128;
 /// slower at d = 4096.
 const DIRECT_ROW_BYTES: usize = 1 << 10;
 
-/// The largest block [`NextBlock`] asks for: with the block being worked
+/// The largest block [`PanelPrefetch`] asks for: with the block being worked
 /// on, it must stay in the L2 cache. Measured with the `strided` section of
 /// `examples/throughput.rs`: at d = 768 (blocks of 192 KiB for `f32`) the
 /// hints made Fortran-order `layer_norm_into` and `_inplace` 20 - 30%
 /// faster; at d = 4096 and 16384 (1 and 4 MiB blocks) they did not help.
 const PREFETCH_BLOCK_BYTES: usize = 512 << 10;
 
-/// The next block of a Fortran-order panel (rows `start .. start + count`,
-/// each column's piece contiguous), requested from memory piece by piece
-/// while the current block's rows are normalised: `ahead(r)` asks for the
-/// columns that fall to row `r` of the current block, so the requests
-/// spread over its kernel calls. Panels of any other layout get no hints.
+/// Cache hints for a Fortran-order panel: while block `b` is normalised,
+/// the column pieces of block `b + 1` are requested from memory, a few
+/// columns per row kernel call so that the requests spread over the
+/// block's work. Panels of any other layout, or with blocks too large to
+/// stay in L2 next to the current one, get no hints.
+#[derive(Clone, Copy)]
+struct PanelPrefetch<A> {
+    base: *const A,
+    column_stride: isize,
+    rows: usize,
+    d: usize,
+    block: usize,
+    enabled: bool,
+}
+
+impl<A> PanelPrefetch<A> {
+    /// Hints for `panel` (rows of length `d` along its second axis), walked
+    /// in blocks of `block` rows.
+    fn new(panel: &ArrayView2<'_, A>, block: usize) -> Self {
+        let (rows, d) = panel.dim();
+        let (row_stride, column_stride) = match *panel.strides() {
+            [row, column] => (row, column),
+            _ => (0, 0),
+        };
+        PanelPrefetch {
+            base: panel.as_ptr(),
+            column_stride,
+            rows,
+            d,
+            block,
+            enabled: row_stride == 1 && block * d * size_of::<A>() <= PREFETCH_BLOCK_BYTES,
+        }
+    }
+
+    /// The hints to give while block `index` (of `current` rows) is worked on.
+    fn during(self, index: usize, current: usize) -> NextBlock<A> {
+        let start = (index + 1) * self.block;
+        let count = if self.enabled {
+            self.rows.saturating_sub(start).min(self.block)
+        } else {
+            0
+        };
+        NextBlock {
+            first: self.base.wrapping_add(start),
+            column_stride: self.column_stride,
+            count,
+            columns_per_row: self.d.div_ceil(current.max(1)),
+            d: self.d,
+        }
+    }
+}
+
+/// The next block of a panel (rows `start .. start + count`, each column's
+/// piece contiguous): `ahead(r)` asks for the columns that fall to row `r`
+/// of the current block.
 struct NextBlock<A> {
     first: *const A,
     column_stride: isize,
@@ -76,30 +126,6 @@ struct NextBlock<A> {
 }
 
 impl<A> NextBlock<A> {
-    /// The rows `start ..` (up to `block` of them) of the `rows × d` panel at
-    /// `base` with `strides`, for a current block of `current` rows.
-    fn new(
-        base: *const A,
-        strides: &[isize],
-        rows: usize,
-        d: usize,
-        (start, block, current): (usize, usize, usize),
-    ) -> Self {
-        let count = match strides {
-            [1, _] if block * d * size_of::<A>() <= PREFETCH_BLOCK_BYTES => {
-                rows.saturating_sub(start).min(block)
-            }
-            _ => 0,
-        };
-        NextBlock {
-            first: base.wrapping_add(start),
-            column_stride: strides.get(1).copied().unwrap_or(0),
-            count,
-            columns_per_row: d.div_ceil(current.max(1)),
-            d,
-        }
-    }
-
     fn ahead(&self, row: usize) {
         if self.count == 0 {
             return;
@@ -442,15 +468,13 @@ where
         let d = x.ncols();
         let gather_in = !rows_contiguous(x.shape(), x.strides());
         let scatter_out = !rows_contiguous(out.shape(), out.strides());
-        let (base, rows) = (x.as_ptr(), x.nrows());
-        let strides = x.strides().to_vec();
+        let prefetch = PanelPrefetch::new(&x, block);
         for (index, (x, mut out)) in x
             .axis_chunks_iter(Axis(0), block)
             .zip(out.axis_chunks_iter_mut(Axis(0), block))
             .enumerate()
         {
-            let next = (index + 1) * block;
-            let next = NextBlock::new(base, &strides, rows, d, (next, block, x.nrows()));
+            let next = prefetch.during(index, x.nrows());
             let buf = buffer(scratch, x.len());
             match (gather_in, scatter_out) {
                 (false, false) => {
@@ -572,11 +596,9 @@ where
         let kernel = self.kernel;
         let d = x.ncols();
         let gathered = !rows_contiguous(x.shape(), x.strides());
-        let (base, rows) = (x.as_ptr(), x.nrows());
-        let strides = x.strides().to_vec();
+        let prefetch = PanelPrefetch::new(&x.view(), block);
         for (index, mut x) in x.axis_chunks_iter_mut(Axis(0), block).enumerate() {
-            let next = (index + 1) * block;
-            let next = NextBlock::new(base, &strides, rows, d, (next, block, x.nrows()));
+            let next = prefetch.during(index, x.nrows());
             let buf = buffer(scratch, x.len());
             if gathered {
                 gather(&x.view(), buf);
