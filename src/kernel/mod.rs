@@ -91,48 +91,6 @@ pub(crate) enum Affine<'a, A> {
     OnePlus(&'a [A]),
 }
 
-impl<'a, A> Affine<'a, A> {
-    /// `gamma` (`w` for [`Affine::OnePlus`]), or an empty slice.
-    fn gamma(self) -> &'a [A] {
-        match self {
-            Affine::Identity => &[],
-            Affine::Scale(gamma) | Affine::ScaleShift(gamma, _) | Affine::OnePlus(gamma) => gamma,
-        }
-    }
-
-    /// `beta`, or an empty slice.
-    fn beta(self) -> &'a [A] {
-        match self {
-            Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => &[],
-            Affine::ScaleShift(_, beta) => beta,
-        }
-    }
-
-    /// The parameters of the features before `at` and from `at` on (`at` at
-    /// most the row length).
-    fn split_at(self, at: usize) -> (Self, Self) {
-        match self {
-            Affine::Identity => (Affine::Identity, Affine::Identity),
-            Affine::Scale(gamma) => {
-                let (head, rest) = gamma.split_at(at);
-                (Affine::Scale(head), Affine::Scale(rest))
-            }
-            Affine::ScaleShift(gamma, beta) => {
-                let (gamma_head, gamma_rest) = gamma.split_at(at);
-                let (beta_head, beta_rest) = beta.split_at(at);
-                (
-                    Affine::ScaleShift(gamma_head, beta_head),
-                    Affine::ScaleShift(gamma_rest, beta_rest),
-                )
-            }
-            Affine::OnePlus(w) => {
-                let (head, rest) = w.split_at(at);
-                (Affine::OnePlus(head), Affine::OnePlus(rest))
-            }
-        }
-    }
-}
-
 /// The instruction sets the kernels are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {

@@ -909,75 +909,72 @@ pub(super) trait Normalise<V>: Copy {
     fn apply(self, x: V) -> V;
 }
 
-/// `((x · scale - base) - shift) · inv_std`; the `scale` multiplication is
-/// skipped when it is 1 (multiplying by 1 is exact, so the bits agree).
+/// `((x - base) - shift) · inv_std`.
 #[derive(Clone, Copy)]
 pub(super) struct Centre<V> {
-    scale: Option<V>,
     base: V,
     shift: V,
     inv_std: V,
 }
 
-impl<V: Vector> Centre<V> {
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    pub(super) fn new(scale: f64, base: f64, shift: f64, inv_std: f64) -> Self {
-        Centre {
-            scale: optional_scale::<V>(scale),
-            base: V::splat(base),
-            shift: V::splat(shift),
-            inv_std: V::splat(inv_std),
-        }
-    }
-}
-
 impl<V: Vector> Normalise<V> for Centre<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply(self, x: V) -> V {
-        let x = match self.scale {
-            Some(scale) => x * scale,
-            None => x,
-        };
         ((x - self.base) - self.shift) * self.inv_std
     }
 }
 
-/// `(x · scale) · inv_rms`, the `scale` multiplication skipped when it is 1.
+/// `x · inv_rms`.
 #[derive(Clone, Copy)]
 pub(super) struct Rescale<V> {
-    scale: Option<V>,
     inv_rms: V,
-}
-
-impl<V: Vector> Rescale<V> {
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    pub(super) fn new(scale: f64, inv_rms: f64) -> Self {
-        Rescale {
-            scale: optional_scale::<V>(scale),
-            inv_rms: V::splat(inv_rms),
-        }
-    }
 }
 
 impl<V: Vector> Normalise<V> for Rescale<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply(self, x: V) -> V {
-        let x = match self.scale {
-            Some(scale) => x * scale,
-            None => x,
-        };
         x * self.inv_rms
     }
 }
 
-/// `Some(splat(scale))` unless `scale` is 1.
+/// `norm(x · scale)`, for rows computed on `x · 2ᵏ`. Rows with a scale of 1
+/// use `norm` alone: multiplying by 1 is exact, so the bits agree.
+#[derive(Clone, Copy)]
+pub(super) struct ScaledInput<V, N> {
+    scale: V,
+    norm: N,
+}
+
+impl<V: Vector, N: Normalise<V>> Normalise<V> for ScaledInput<V, N> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply(self, x: V) -> V {
+        self.norm.apply(x * self.scale)
+    }
+}
+
+/// Writes `affine(norm(xᵢ))` for every element of the row, each rounded
+/// once to the element type, with `norm` applied to `x · scale`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn optional_scale<V: Vector>(scale: f64) -> Option<V> {
-    (scale != 1.0).then(|| V::splat(scale))
+fn write_scaled_row<A: NormScalar, V: Vector, N: Normalise<V>>(
+    io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    scale: f64,
+    norm: N,
+) {
+    if scale == 1.0 {
+        write_row(io, affine, norm);
+    } else {
+        let scale = V::splat(scale);
+        write_row(io, affine, ScaledInput { scale, norm });
+    }
 }
 
 /// Writes `affine(norm(xᵢ))` for every element of the row, each rounded
 /// once to the element type.
+///
+/// The kind of parameters, the kind of input and the kind of store are
+/// settled here, once per row, so that each chunk loop below is compiled
+/// for one combination and holds no branch but its own.
 ///
 /// Each output depends on its own input and features only, so the chunks
 /// may start anywhere: a streamed row ([`Io::Stream`]) writes the elements
@@ -990,20 +987,141 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     affine: Affine<'_, A>,
     norm: N,
 ) {
+    match affine {
+        Affine::Identity => write_with(io, NoParams, norm),
+        Affine::Scale(gamma) => write_with(io, Gain(gamma), norm),
+        Affine::ScaleShift(gamma, beta) => write_with(io, GainShift(gamma, beta), norm),
+        Affine::OnePlus(weights) => write_with(io, OnePlusGain(weights), norm),
+    }
+}
+
+/// [`write_row`] with the parameters settled.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
+    io: Io<'_, A>,
+    features: F,
+    norm: N,
+) {
     match io {
+        Io::Copy { input, output } => {
+            write_chunks::<A, V, N, F, Plain>(input, output, features, norm);
+        }
+        Io::InPlace(row) => write_chunks_in_place::<A, V, N, F>(row, features, norm),
         Io::Stream { input, output } => {
             let head = output.as_ptr().align_offset(64).min(output.len());
             let (head_input, input) = input.split_at(head);
             let (head_output, output) = output.split_at_mut(head);
-            let head_io = Io::Copy {
-                input: head_input,
-                output: head_output,
-            };
-            let (head_affine, affine) = affine.split_at(head);
-            write_chunks::<A, V, N, Plain>(head_io, head_affine, norm);
-            write_chunks::<A, V, N, Streaming>(Io::Copy { input, output }, affine, norm);
+            let (head_features, features) = features.split_at(head);
+            write_chunks::<A, V, N, F, Plain>(head_input, head_output, head_features, norm);
+            write_chunks::<A, V, N, F, Streaming>(input, output, features, norm);
         }
-        io => write_chunks::<A, V, N, Plain>(io, affine, norm),
+    }
+}
+
+/// The per-feature step after normalising, as chunks of [`LANES`] features.
+trait Features<A: NormScalar>: Copy {
+    /// The features before `at` and from `at` on (`at` at most the row
+    /// length).
+    fn split_at(self, at: usize) -> (Self, Self);
+    /// `n` at the chunk of features starting at `start` (a whole chunk
+    /// within the row).
+    fn apply<V: Vector>(self, n: V, start: usize) -> V;
+    /// `n` at the last, partial chunk, from `start` on, padded with zeros.
+    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V;
+}
+
+/// `y = n`.
+#[derive(Clone, Copy)]
+struct NoParams;
+
+impl<A: NormScalar> Features<A> for NoParams {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_at(self, _at: usize) -> (Self, Self) {
+        (NoParams, NoParams)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply<V: Vector>(self, n: V, _start: usize) -> V {
+        n
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply_tail<V: Vector>(self, n: V, _start: usize) -> V {
+        n
+    }
+}
+
+/// The chunk of `v` from `start` on, a whole one.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn chunk_at<A: NormScalar>(v: &[A], start: usize) -> &[A; LANES] {
+    &v[start..start + LANES].as_chunks::<LANES>().0[0]
+}
+
+/// The part of `v` from `start` on, padded with zeros to a chunk.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn tail_at<A: NormScalar>(v: &[A], start: usize) -> [A; LANES] {
+    padded(&v[start..])
+}
+
+/// `y = n · γ`.
+#[derive(Clone, Copy)]
+struct Gain<'a, A>(&'a [A]);
+
+impl<A: NormScalar> Features<A> for Gain<'_, A> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_at(self, at: usize) -> (Self, Self) {
+        let (head, rest) = self.0.split_at(at);
+        (Gain(head), Gain(rest))
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply<V: Vector>(self, n: V, start: usize) -> V {
+        n * A::load(chunk_at(self.0, start))
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
+        n * A::load(&tail_at(self.0, start))
+    }
+}
+
+/// `y = n · γ + β`.
+#[derive(Clone, Copy)]
+struct GainShift<'a, A>(&'a [A], &'a [A]);
+
+impl<A: NormScalar> Features<A> for GainShift<'_, A> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_at(self, at: usize) -> (Self, Self) {
+        let (gamma_head, gamma_rest) = self.0.split_at(at);
+        let (beta_head, beta_rest) = self.1.split_at(at);
+        (
+            GainShift(gamma_head, beta_head),
+            GainShift(gamma_rest, beta_rest),
+        )
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply<V: Vector>(self, n: V, start: usize) -> V {
+        n * A::load(chunk_at(self.0, start)) + A::load(chunk_at(self.1, start))
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
+        n * A::load(&tail_at(self.0, start)) + A::load(&tail_at(self.1, start))
+    }
+}
+
+/// `y = n · (1 + w)`, with `1 + w` formed in `f64`.
+#[derive(Clone, Copy)]
+struct OnePlusGain<'a, A>(&'a [A]);
+
+impl<A: NormScalar> Features<A> for OnePlusGain<'_, A> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_at(self, at: usize) -> (Self, Self) {
+        let (head, rest) = self.0.split_at(at);
+        (OnePlusGain(head), OnePlusGain(rest))
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply<V: Vector>(self, n: V, start: usize) -> V {
+        n * (A::load::<V>(chunk_at(self.0, start)) + V::splat(1.0))
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
+        n * (A::load::<V>(&tail_at(self.0, start)) + V::splat(1.0))
     }
 }
 
@@ -1032,97 +1150,68 @@ impl Store for Streaming {
     }
 }
 
-/// [`write_row`] of `io` (any row, or part of one: `affine` starts at the
-/// same feature), whole chunks stored by `S`. The source of each chunk is a
-/// copy of its destination when the row is normalised in place; the last,
-/// partial chunk is padded with zeros and only its real elements are
+/// [`write_row`] from `input` into `output` (a row, or part of one:
+/// `features` starts at the same feature), whole chunks stored by `S`; the
+/// last, partial chunk is padded with zeros and only its real elements are
 /// written.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, S: Store>(
-    io: Io<'_, A>,
-    affine: Affine<'_, A>,
+fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>, S: Store>(
+    input: &[A],
+    output: &mut [A],
+    features: F,
     norm: N,
 ) {
-    let (gamma_chunks, gamma_tail) = feature_chunks(affine.gamma());
-    let (beta_chunks, beta_tail) = feature_chunks(affine.beta());
-    let (sources, destinations, tail) = match io {
-        Io::Copy { input, output } | Io::Stream { input, output } => {
-            let (sources, source_tail) = input.as_chunks::<LANES>();
-            let (destinations, destination_tail) = output.as_chunks_mut::<LANES>();
-            (
-                ChunkSource::Separate(sources),
-                destinations,
-                (padded(source_tail), destination_tail),
-            )
-        }
-        Io::InPlace(row) => {
-            let (chunks, tail) = row.as_chunks_mut::<LANES>();
-            (ChunkSource::Destination, chunks, (padded(tail), tail))
-        }
-    };
-    for (k, destination) in destinations.iter_mut().enumerate() {
-        let source = match sources {
-            ChunkSource::Separate(sources) => sources.get(k).copied(),
-            ChunkSource::Destination => Some(*destination),
-        };
-        if let Some(source) = source {
-            let value = write_chunk(
-                &source,
-                affine,
-                gamma_chunks.get(k),
-                beta_chunks.get(k),
-                norm,
-            );
-            S::store::<A, V>(value, destination);
-        }
+    let (sources, source_tail) = input.as_chunks::<LANES>();
+    let (destinations, destination_tail) = output.as_chunks_mut::<LANES>();
+    for (k, (destination, source)) in destinations.iter_mut().zip(sources).enumerate() {
+        let value = features.apply(norm.apply(A::load::<V>(source)), k * LANES);
+        S::store::<A, V>(value, destination);
     }
-    let (source_tail, destination_tail) = tail;
-    if !destination_tail.is_empty() {
-        let value = write_chunk(
-            &source_tail,
-            affine,
-            Some(&gamma_tail),
-            Some(&beta_tail),
-            norm,
-        );
-        let mut chunk = [A::zero(); LANES];
-        A::store(value, &mut chunk);
-        for (out, value) in destination_tail.iter_mut().zip(chunk) {
-            *out = value;
-        }
-    }
+    let start = destinations.len() * LANES;
+    write_tail::<A, V, N, F>(
+        &padded(source_tail),
+        destination_tail,
+        start,
+        features,
+        norm,
+    );
 }
 
-/// Where [`write_chunks`] reads its chunks.
-#[derive(Clone, Copy)]
-enum ChunkSource<'a, A> {
-    Separate(&'a [[A; LANES]]),
-    Destination,
-}
-
-/// One output vector: `norm(x) · γ + β`, `norm(x) · γ` or `norm(x)`.
+/// [`write_chunks`] of a row normalised in place, with plain stores.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_chunk<A: NormScalar, V: Vector, N: Normalise<V>>(
-    source: &[A; LANES],
-    affine: Affine<'_, A>,
-    gamma: Option<&[A; LANES]>,
-    beta: Option<&[A; LANES]>,
+fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
+    row: &mut [A],
+    features: F,
     norm: N,
-) -> V {
-    let n = norm.apply(A::load(source));
-    match (affine, gamma, beta) {
-        (Affine::ScaleShift(..), Some(g), Some(b)) => n * A::load(g) + A::load(b),
-        (Affine::Scale(_), Some(g), _) => n * A::load(g),
-        (Affine::OnePlus(_), Some(w), _) => n * (A::load::<V>(w) + V::splat(1.0)),
-        _ => n,
+) {
+    let (chunks, tail) = row.as_chunks_mut::<LANES>();
+    for (k, chunk) in chunks.iter_mut().enumerate() {
+        let value = features.apply(norm.apply(A::load::<V>(chunk)), k * LANES);
+        A::store::<V>(value, chunk);
     }
+    let start = chunks.len() * LANES;
+    write_tail::<A, V, N, F>(&padded(tail), tail, start, features, norm);
 }
 
-/// The chunks of a per-feature vector, with its last partial chunk padded.
+/// The last, partial chunk of a row: `source` (padded) into `destination`
+/// (the real elements, possibly none), which start at feature `start`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn feature_chunks<A: NormScalar>(v: &[A]) -> (&[[A; LANES]], [A; LANES]) {
-    let (chunks, tail) = v.as_chunks::<LANES>();
-    (chunks, padded(tail))
+fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
+    source: &[A; LANES],
+    destination: &mut [A],
+    start: usize,
+    features: F,
+    norm: N,
+) {
+    if destination.is_empty() {
+        return;
+    }
+    let value = features.apply_tail(norm.apply(A::load::<V>(source)), start);
+    let mut chunk = [A::zero(); LANES];
+    A::store(value, &mut chunk);
+    for (out, value) in destination.iter_mut().zip(chunk) {
+        *out = value;
+    }
 }
 
 /// LayerNorm of `rows` consecutive rows of `io`: short rows sixteen at a
@@ -1161,7 +1250,14 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
             base,
             shift,
             inv_std,
-        } => write_row(io, affine, Centre::<V>::new(scale, base, shift, inv_std)),
+        } => {
+            let centre = Centre::<V> {
+                base: V::splat(base),
+                shift: V::splat(shift),
+                inv_std: V::splat(inv_std),
+            };
+            write_scaled_row(io, affine, scale, centre);
+        }
         // The normalised value is exactly 0, so the output is exactly beta
         // (copied, so that even the sign of a zero beta survives).
         Centring::Constant => match affine {
@@ -1204,7 +1300,10 @@ pub(super) fn write_rms_norm<A: NormScalar, V: Vector>(
     scaling: Option<(f64, f64)>,
 ) {
     match scaling {
-        Some((scale, inv_rms)) => write_row(io, affine, Rescale::<V>::new(scale, inv_rms)),
+        Some((scale, inv_rms)) => {
+            let inv_rms = V::splat(inv_rms);
+            write_scaled_row(io, affine, scale, Rescale { inv_rms });
+        }
         None => io.output().fill(A::nan()),
     }
 }
