@@ -7,7 +7,7 @@ use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::BLOCK_ROWS;
-use crate::kernel::{self, Affine, Io, Isa};
+use crate::kernel::{self, Affine, CallParams, Io, Isa};
 use crate::scalar::NormScalar;
 use crate::{check, sealed};
 
@@ -163,9 +163,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
         eps: A,
     ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
-        let affine = Affine::ScaleShift(&gamma, &beta);
+        let params = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, self.len());
         Ok(add_norm(self, residual, d, |isa, io| {
-            kernel::layer_norm_rows(isa, io, 1, affine, eps)
+            kernel::layer_norm_rows(isa, io, 1, params.params(), eps)
         }))
     }
 
@@ -177,9 +177,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
         eps: A,
     ) -> Result<Array<A, D>, NormError> {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
-        let affine = Affine::ScaleShift(&gamma, &beta);
+        let params = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, self.len());
         Ok(add_norm_inplace(self, residual, d, |isa, io| {
-            kernel::layer_norm_rows(isa, io, 1, affine, eps)
+            kernel::layer_norm_rows(isa, io, 1, params.params(), eps)
         }))
     }
 
@@ -190,9 +190,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
         eps: A,
     ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
-        let affine = Affine::Scale(&gamma);
+        let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         Ok(add_norm(self, residual, d, |isa, io| {
-            kernel::rms_norm_rows(isa, io, 1, affine, eps)
+            kernel::rms_norm_rows(isa, io, 1, params.params(), eps)
         }))
     }
 
@@ -203,9 +203,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
         eps: A,
     ) -> Result<Array<A, D>, NormError> {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
-        let affine = Affine::Scale(&gamma);
+        let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         Ok(add_norm_inplace(self, residual, d, |isa, io| {
-            kernel::rms_norm_rows(isa, io, 1, affine, eps)
+            kernel::rms_norm_rows(isa, io, 1, params.params(), eps)
         }))
     }
 }

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 
 use crate::error::{NormError, Operand};
-use crate::kernel::{self, Affine};
+use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
 use crate::{check, rows, sealed};
 
@@ -205,9 +205,9 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<Array<A, D>, NormError> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         let mut out = Array::zeros(self.raw_dim());
-        let (affine, eps) = (args.affine(), args.eps);
+        let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows(self, &mut out, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, affine, eps)
+            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(out)
     }
@@ -217,7 +217,7 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let eps = check::eps(eps)?;
         let mut out = Array::zeros(self.raw_dim());
         rows::map_rows(self, &mut out, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, Affine::Identity, eps)
+            kernel::layer_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
         });
         Ok(out)
     }
@@ -231,9 +231,9 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<(), NormError> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         check::same_shape(self, out)?;
-        let (affine, eps) = (args.affine(), args.eps);
+        let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows_into(self, out, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, affine, eps)
+            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
@@ -243,7 +243,7 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, Affine::Identity, eps)
+            kernel::layer_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
         });
         Ok(())
     }
@@ -255,9 +255,9 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         eps: A,
     ) -> Result<(), NormError> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
-        let (affine, eps) = (args.affine(), args.eps);
+        let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows_in_place(self, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, affine, eps)
+            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
@@ -266,7 +266,7 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, Affine::Identity, eps)
+            kernel::layer_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
         });
         Ok(())
     }
@@ -297,7 +297,12 @@ impl<'a, A: NormScalar> AffineArgs<'a, A> {
         })
     }
 
-    fn affine(&self) -> Affine<'_, A> {
-        Affine::ScaleShift(&self.gamma, &self.beta)
+    /// The parameters of a call over `elements` elements.
+    fn params(&self, elements: usize) -> CallParams<'_, A> {
+        CallParams::new(
+            Affine::ScaleShift(&self.gamma, &self.beta),
+            self.d,
+            elements,
+        )
     }
 }

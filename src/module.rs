@@ -7,7 +7,7 @@ use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, RemoveAxis};
 use crate::backward::{self, LayerNormGrads, LayerNormStats, RmsNormGrads, RmsNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
-use crate::kernel::{self, Affine};
+use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
 use crate::{check, rows};
 
@@ -256,10 +256,10 @@ impl<A: NormScalar> LayerNorm<A> {
     /// ```
     pub fn forward<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<Array<A, D>, NormError> {
         let args = self.args(x)?;
-        let (affine, eps) = (args.affine(), args.eps);
+        let params = CallParams::new(args.affine(), args.d, x.len());
         let mut y = Array::zeros(x.raw_dim());
         rows::map_rows(x, &mut y, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, affine, eps)
+            kernel::layer_norm_rows(isa, io, rows, params.params(), args.eps)
         });
         Ok(y)
     }
@@ -614,9 +614,9 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn forward<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<Array<A, D>, NormError> {
         let (d, weights, eps) = self.args(x)?;
         let mut y = Array::zeros(x.raw_dim());
-        let affine = self.gain(&weights).affine();
+        let params = CallParams::new(self.gain(&weights).affine(), d, x.len());
         rows::map_rows(x, &mut y, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, affine, eps)
+            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(y)
     }

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 
 use crate::error::{NormError, Operand};
-use crate::kernel::{self, Affine};
+use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
 use crate::{check, rows, sealed};
 
@@ -182,9 +182,9 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let mut out = Array::zeros(self.raw_dim());
-        let affine = Affine::Scale(&gamma);
+        let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows(self, &mut out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, affine, eps)
+            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(out)
     }
@@ -194,7 +194,7 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let eps = check::eps(eps)?;
         let mut out = Array::zeros(self.raw_dim());
         rows::map_rows(self, &mut out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, Affine::Identity, eps)
+            kernel::rms_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
         });
         Ok(out)
     }
@@ -207,9 +207,9 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<(), NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         check::same_shape(self, out)?;
-        let affine = Affine::Scale(&gamma);
+        let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, affine, eps)
+            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
@@ -219,16 +219,16 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, Affine::Identity, eps)
+            kernel::rms_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
         });
         Ok(())
     }
 
     fn rms_norm_inplace(&mut self, gamma: &ArrayRef1<A>, eps: A) -> Result<(), NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
-        let affine = Affine::Scale(&gamma);
+        let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, affine, eps)
+            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
@@ -237,7 +237,7 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, Affine::Identity, eps)
+            kernel::rms_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
         });
         Ok(())
     }

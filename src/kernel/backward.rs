@@ -360,7 +360,7 @@ pub(super) fn layer_norm_train_block<A: NormScalar, V: Vector>(
             input: x,
             output: y,
         };
-        write_layer_norm::<A, V>(io, affine, forward);
+        write_layer_norm::<A, V>(io, affine.into(), forward);
         *slot = RowCentring::from_centring(x, exact, eps);
     }
 }
@@ -385,7 +385,7 @@ pub(super) fn rms_norm_train_block<A: NormScalar, V: Vector>(
             input: x,
             output: y,
         };
-        write_rms_norm::<A, V>(io, affine, scaling);
+        write_rms_norm::<A, V>(io, affine.into(), scaling);
         *slot = RowScaling::from_scaling(scaling);
     }
 }

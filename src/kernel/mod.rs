@@ -13,6 +13,7 @@
 
 pub(crate) mod backward;
 pub(crate) mod cache;
+mod params;
 mod portable;
 mod short;
 pub(crate) mod simd;
@@ -23,6 +24,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::scalar::NormScalar;
 use backward::{Inputs, Partials, RowCentring, RowScaling, Saved};
+pub(crate) use params::{CallParams, Params};
 
 /// One row's input and where its output goes.
 pub(crate) enum Io<'a, A> {
@@ -200,12 +202,12 @@ macro_rules! dispatch {
 
 dispatch! {
     /// LayerNorm of `rows` consecutive rows (a block of a contiguous array).
-    pub(crate) fn layer_norm_rows<A>(io: Io<'_, A>, rows: usize, affine: Affine<'_, A>, eps: f64);
+    pub(crate) fn layer_norm_rows<A>(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
 }
 
 dispatch! {
     /// RMSNorm of `rows` consecutive rows (a block of a contiguous array).
-    pub(crate) fn rms_norm_rows<A>(io: Io<'_, A>, rows: usize, affine: Affine<'_, A>, eps: f64);
+    pub(crate) fn rms_norm_rows<A>(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
 }
 
 dispatch! {
@@ -307,11 +309,12 @@ mod tests {
                     output: &mut ln,
                 },
                 1,
-                Affine::ScaleShift(&gamma, &beta),
+                Affine::ScaleShift(&gamma, &beta).into(),
                 1e-5,
             );
             let mut rms = row.to_vec();
-            rms_norm_rows(isa, Io::InPlace(&mut rms), 1, Affine::Scale(&gamma), 0.0);
+            let gain = Affine::Scale(&gamma).into();
+            rms_norm_rows(isa, Io::InPlace(&mut rms), 1, gain, 0.0);
             (ln, rms, row_stats(isa, row))
         };
         let baseline = run(Isa::Portable);
@@ -370,7 +373,10 @@ mod tests {
         let beta: Vec<A> = (0..d).map(|i| A::narrow(i as f64 / 3.0 - 1.0)).collect();
         for isa in Isa::available() {
             for eps in [0.0, 1e-5] {
-                let affine = Affine::ScaleShift(&gamma, &beta);
+                // The blocks take the parameters as a call does (widened to
+                // f64 where that pays), single rows as given.
+                let call = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, x.len());
+                let (params, affine) = (call.params(), Affine::ScaleShift(&gamma, &beta).into());
                 let mut block = vec![A::zero(); x.len()];
                 layer_norm_rows(
                     isa,
@@ -379,11 +385,11 @@ mod tests {
                         output: &mut block,
                     },
                     rows,
-                    affine,
+                    params,
                     eps,
                 );
                 let mut in_place = x.clone();
-                layer_norm_rows(isa, Io::InPlace(&mut in_place), rows, affine, eps);
+                layer_norm_rows(isa, Io::InPlace(&mut in_place), rows, params, eps);
                 let mut one_by_one = vec![A::zero(); x.len()];
                 for (input, output) in x.chunks(d).zip(one_by_one.chunks_mut(d)) {
                     layer_norm_rows(isa, Io::Copy { input, output }, 1, affine, eps);
@@ -399,35 +405,38 @@ mod tests {
                     let mut buffer = vec![A::zero(); x.len() + offset];
                     let output = &mut buffer[offset..];
                     let io = Io::Stream { input: &x, output };
-                    layer_norm_rows(isa, io, rows, affine, eps);
+                    layer_norm_rows(isa, io, rows, params, eps);
                     let what = format!("streamed {isa:?} d {d} offset {offset}");
                     assert_same_bits(&buffer[offset..], &one_by_one, &what);
                 }
 
-                let affine = Affine::Scale(&gamma);
-                let mut block = vec![A::zero(); x.len()];
-                rms_norm_rows(
-                    isa,
-                    Io::Copy {
+                for gain in [Affine::Scale(&gamma[..]), Affine::OnePlus(&gamma[..])] {
+                    let call = CallParams::new(gain, d, x.len());
+                    let mut block = vec![A::zero(); x.len()];
+                    rms_norm_rows(
+                        isa,
+                        Io::Copy {
+                            input: &x,
+                            output: &mut block,
+                        },
+                        rows,
+                        call.params(),
+                        eps,
+                    );
+                    let mut one_by_one = vec![A::zero(); x.len()];
+                    for (input, output) in x.chunks(d).zip(one_by_one.chunks_mut(d)) {
+                        rms_norm_rows(isa, Io::Copy { input, output }, 1, gain.into(), eps);
+                    }
+                    let what = format!("rms_norm_rows {isa:?} d {d}");
+                    assert_same_bits(&block, &one_by_one, &what);
+                    let mut buffer = vec![A::zero(); x.len() + 3];
+                    let io = Io::Stream {
                         input: &x,
-                        output: &mut block,
-                    },
-                    rows,
-                    affine,
-                    eps,
-                );
-                let mut one_by_one = vec![A::zero(); x.len()];
-                for (input, output) in x.chunks(d).zip(one_by_one.chunks_mut(d)) {
-                    rms_norm_rows(isa, Io::Copy { input, output }, 1, affine, eps);
+                        output: &mut buffer[3..],
+                    };
+                    rms_norm_rows(isa, io, rows, call.params(), eps);
+                    assert_same_bits(&buffer[3..], &one_by_one, &format!("streamed rms {isa:?}"));
                 }
-                assert_same_bits(&block, &one_by_one, &format!("rms_norm_rows {isa:?} d {d}"));
-                let mut buffer = vec![A::zero(); x.len() + 3];
-                let io = Io::Stream {
-                    input: &x,
-                    output: &mut buffer[3..],
-                };
-                rms_norm_rows(isa, io, rows, affine, eps);
-                assert_same_bits(&buffer[3..], &one_by_one, &format!("streamed rms {isa:?}"));
             }
         }
     }

@@ -46,7 +46,7 @@
 
 use super::short::{self, SHORT_ROW};
 use super::simd::{Arith, Vector, LANES};
-use super::{Affine, Io};
+use super::{Affine, Io, Params};
 use crate::scalar::NormScalar;
 
 /// Below this, a sum of squares may hold subnormal squares and so lose
@@ -917,7 +917,7 @@ pub(super) struct Centre<V> {
     inv_std: V,
 }
 
-impl<V: Vector> Normalise<V> for Centre<V> {
+impl<V: Arith> Normalise<V> for Centre<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply(self, x: V) -> V {
         ((x - self.base) - self.shift) * self.inv_std
@@ -930,7 +930,7 @@ pub(super) struct Rescale<V> {
     inv_rms: V,
 }
 
-impl<V: Vector> Normalise<V> for Rescale<V> {
+impl<V: Arith> Normalise<V> for Rescale<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply(self, x: V) -> V {
         x * self.inv_rms
@@ -945,35 +945,40 @@ pub(super) struct ScaledInput<V, N> {
     norm: N,
 }
 
-impl<V: Vector, N: Normalise<V>> Normalise<V> for ScaledInput<V, N> {
+impl<V: Arith, N: Normalise<V>> Normalise<V> for ScaledInput<V, N> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply(self, x: V) -> V {
         self.norm.apply(x * self.scale)
     }
 }
 
-/// Writes `affine(norm(xᵢ))` for every element of the row, each rounded
-/// once to the element type, with `norm` applied to `x · scale`.
+/// [`write_row`] one element at a time in `f64`, for the rare rows computed
+/// on `x · 2ᵏ`: the same operations in the same order as the chunk loops,
+/// so the same bits, without vector loops compiled for such rows.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_scaled_row<A: NormScalar, V: Vector, N: Normalise<V>>(
-    io: Io<'_, A>,
-    affine: Affine<'_, A>,
-    scale: f64,
-    norm: N,
-) {
-    if scale == 1.0 {
-        write_row(io, affine, norm);
-    } else {
-        let scale = V::splat(scale);
-        write_row(io, affine, ScaledInput { scale, norm });
+fn write_elements<A: NormScalar, N: Normalise<f64>>(io: Io<'_, A>, affine: Affine<'_, A>, norm: N) {
+    let output =
+        |j: usize, x: A| A::narrow(short::affine_element(norm.apply(x.widen()), affine, j));
+    match io {
+        Io::Copy { input, output: out } | Io::Stream { input, output: out } => {
+            for (j, (y, &x)) in out.iter_mut().zip(input).enumerate() {
+                *y = output(j, x);
+            }
+        }
+        Io::InPlace(row) => {
+            for (j, y) in row.iter_mut().enumerate() {
+                *y = output(j, *y);
+            }
+        }
     }
 }
 
 /// Writes `affine(norm(xᵢ))` for every element of the row, each rounded
 /// once to the element type.
 ///
-/// The kind of parameters, the kind of input and the kind of store are
-/// settled here, once per row, so that each chunk loop below is compiled
+/// The kind of parameters (in `f64` where the call widened them, see
+/// [`Params`]), the kind of input and the kind of store are settled here,
+/// once per row, so that each chunk loop below is compiled
 /// for one combination and holds no branch but its own.
 ///
 /// Each output depends on its own input and features only, so the chunks
@@ -984,10 +989,17 @@ fn write_scaled_row<A: NormScalar, V: Vector, N: Normalise<V>>(
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     io: Io<'_, A>,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     norm: N,
 ) {
-    match affine {
+    match params.wide {
+        Some(Affine::Scale(gamma)) => return write_with(io, Gain(gamma), norm),
+        Some(Affine::ScaleShift(gamma, beta)) => {
+            return write_with(io, GainShift(gamma, beta), norm)
+        }
+        Some(Affine::Identity | Affine::OnePlus(_)) | None => {}
+    }
+    match params.affine {
         Affine::Identity => write_with(io, NoParams, norm),
         Affine::Scale(gamma) => write_with(io, Gain(gamma), norm),
         Affine::ScaleShift(gamma, beta) => write_with(io, GainShift(gamma, beta), norm),
@@ -997,7 +1009,7 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
 
 /// [`write_row`] with the parameters settled.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
+fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
     io: Io<'_, A>,
     features: F,
     norm: N,
@@ -1011,15 +1023,16 @@ fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
             let head = output.as_ptr().align_offset(64).min(output.len());
             let (head_input, input) = input.split_at(head);
             let (head_output, output) = output.split_at_mut(head);
-            let (head_features, features) = features.split_at(head);
-            write_chunks::<A, V, N, F, Plain>(head_input, head_output, head_features, norm);
+            // Fewer than a chunk's elements: written as a row's last chunk is.
+            write_tail::<A, V, N, F>(&padded(head_input), head_output, 0, features, norm);
+            let (_, features) = features.split_at(head);
             write_chunks::<A, V, N, F, Streaming>(input, output, features, norm);
         }
     }
 }
 
 /// The per-feature step after normalising, as chunks of [`LANES`] features.
-trait Features<A: NormScalar>: Copy {
+trait Features: Copy {
     /// The features before `at` and from `at` on (`at` at most the row
     /// length).
     fn split_at(self, at: usize) -> (Self, Self);
@@ -1034,7 +1047,7 @@ trait Features<A: NormScalar>: Copy {
 #[derive(Clone, Copy)]
 struct NoParams;
 
-impl<A: NormScalar> Features<A> for NoParams {
+impl Features for NoParams {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_at(self, _at: usize) -> (Self, Self) {
         (NoParams, NoParams)
@@ -1063,9 +1076,9 @@ fn tail_at<A: NormScalar>(v: &[A], start: usize) -> [A; LANES] {
 
 /// `y = n · γ`.
 #[derive(Clone, Copy)]
-struct Gain<'a, A>(&'a [A]);
+struct Gain<'a, P>(&'a [P]);
 
-impl<A: NormScalar> Features<A> for Gain<'_, A> {
+impl<P: NormScalar> Features for Gain<'_, P> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_at(self, at: usize) -> (Self, Self) {
         let (head, rest) = self.0.split_at(at);
@@ -1073,19 +1086,19 @@ impl<A: NormScalar> Features<A> for Gain<'_, A> {
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply<V: Vector>(self, n: V, start: usize) -> V {
-        n * A::load(chunk_at(self.0, start))
+        n * P::load(chunk_at(self.0, start))
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
-        n * A::load(&tail_at(self.0, start))
+        n * P::load(&tail_at(self.0, start))
     }
 }
 
 /// `y = n · γ + β`.
 #[derive(Clone, Copy)]
-struct GainShift<'a, A>(&'a [A], &'a [A]);
+struct GainShift<'a, P>(&'a [P], &'a [P]);
 
-impl<A: NormScalar> Features<A> for GainShift<'_, A> {
+impl<P: NormScalar> Features for GainShift<'_, P> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_at(self, at: usize) -> (Self, Self) {
         let (gamma_head, gamma_rest) = self.0.split_at(at);
@@ -1097,19 +1110,19 @@ impl<A: NormScalar> Features<A> for GainShift<'_, A> {
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply<V: Vector>(self, n: V, start: usize) -> V {
-        n * A::load(chunk_at(self.0, start)) + A::load(chunk_at(self.1, start))
+        n * P::load(chunk_at(self.0, start)) + P::load(chunk_at(self.1, start))
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
-        n * A::load(&tail_at(self.0, start)) + A::load(&tail_at(self.1, start))
+        n * P::load(&tail_at(self.0, start)) + P::load(&tail_at(self.1, start))
     }
 }
 
 /// `y = n · (1 + w)`, with `1 + w` formed in `f64`.
 #[derive(Clone, Copy)]
-struct OnePlusGain<'a, A>(&'a [A]);
+struct OnePlusGain<'a, P>(&'a [P]);
 
-impl<A: NormScalar> Features<A> for OnePlusGain<'_, A> {
+impl<P: NormScalar> Features for OnePlusGain<'_, P> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_at(self, at: usize) -> (Self, Self) {
         let (head, rest) = self.0.split_at(at);
@@ -1117,11 +1130,11 @@ impl<A: NormScalar> Features<A> for OnePlusGain<'_, A> {
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply<V: Vector>(self, n: V, start: usize) -> V {
-        n * (A::load::<V>(chunk_at(self.0, start)) + V::splat(1.0))
+        n * (P::load::<V>(chunk_at(self.0, start)) + V::splat(1.0))
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
-        n * (A::load::<V>(&tail_at(self.0, start)) + V::splat(1.0))
+        n * (P::load::<V>(&tail_at(self.0, start)) + V::splat(1.0))
     }
 }
 
@@ -1155,7 +1168,7 @@ impl Store for Streaming {
 /// last, partial chunk is padded with zeros and only its real elements are
 /// written.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>, S: Store>(
+fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store>(
     input: &[A],
     output: &mut [A],
     features: F,
@@ -1179,7 +1192,7 @@ fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>, S: St
 
 /// [`write_chunks`] of a row normalised in place, with plain stores.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
+fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
     row: &mut [A],
     features: F,
     norm: N,
@@ -1196,7 +1209,7 @@ fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<
 /// The last, partial chunk of a row: `source` (padded) into `destination`
 /// (the real elements, possibly none), which start at feature `start`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
+fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
     source: &[A; LANES],
     destination: &mut [A],
     start: usize,
@@ -1220,28 +1233,28 @@ fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features<A>>(
 pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     eps: f64,
 ) {
-    short::layer_norm_rows::<A, V>(io, rows, affine, eps);
+    short::layer_norm_rows::<A, V>(io, rows, params, eps);
 }
 
 /// LayerNorm of one row of any length.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn general_layer_norm_row<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     eps: f64,
 ) {
     let centring = centring::<A, V>(io.input(), eps);
-    write_layer_norm::<A, V>(io, affine, centring);
+    write_layer_norm::<A, V>(io, params, centring);
 }
 
 /// Writes LayerNorm's output for the row's `centring`.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     centring: Centring,
 ) {
     match centring {
@@ -1251,16 +1264,25 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
             shift,
             inv_std,
         } => {
-            let centre = Centre::<V> {
-                base: V::splat(base),
-                shift: V::splat(shift),
-                inv_std: V::splat(inv_std),
-            };
-            write_scaled_row(io, affine, scale, centre);
+            if scale == 1.0 {
+                let centre = Centre::<V> {
+                    base: V::splat(base),
+                    shift: V::splat(shift),
+                    inv_std: V::splat(inv_std),
+                };
+                write_row(io, params, centre);
+            } else {
+                let norm = Centre {
+                    base,
+                    shift,
+                    inv_std,
+                };
+                write_elements(io, params.affine, ScaledInput { scale, norm });
+            }
         }
         // The normalised value is exactly 0, so the output is exactly beta
         // (copied, so that even the sign of a zero beta survives).
-        Centring::Constant => match affine {
+        Centring::Constant => match params.affine {
             Affine::ScaleShift(_, beta) => io.output().copy_from_slice(beta),
             Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => io.output().fill(A::zero()),
         },
@@ -1274,21 +1296,21 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
 pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     eps: f64,
 ) {
-    short::rms_norm_rows::<A, V>(io, rows, affine, eps);
+    short::rms_norm_rows::<A, V>(io, rows, params, eps);
 }
 
 /// RMSNorm of one row of any length.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn general_rms_norm_row<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     eps: f64,
 ) {
     let scaling = rms_scaling::<A, V>(io.input(), eps);
-    write_rms_norm::<A, V>(io, affine, scaling);
+    write_rms_norm::<A, V>(io, params, scaling);
 }
 
 /// Writes RMSNorm's output for the row's scaling (`None`: the row holds a
@@ -1296,13 +1318,18 @@ pub(super) fn general_rms_norm_row<A: NormScalar, V: Vector>(
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn write_rms_norm<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     scaling: Option<(f64, f64)>,
 ) {
     match scaling {
         Some((scale, inv_rms)) => {
-            let inv_rms = V::splat(inv_rms);
-            write_scaled_row(io, affine, scale, Rescale { inv_rms });
+            if scale == 1.0 {
+                let inv_rms = V::splat(inv_rms);
+                write_row(io, params, Rescale { inv_rms });
+            } else {
+                let norm = Rescale { inv_rms };
+                write_elements(io, params.affine, ScaledInput { scale, norm });
+            }
         }
         None => io.output().fill(A::nan()),
     }

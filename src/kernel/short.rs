@@ -27,7 +27,7 @@ use super::portable::{
     Centring, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
-use super::{cache, Affine, Io};
+use super::{cache, Affine, Io, Params};
 use crate::scalar::NormScalar;
 
 /// Rows of at most this many elements are short.
@@ -80,7 +80,7 @@ fn inverse_root<T: Arith>(squares: T, d: usize, eps: f64) -> T {
 
 /// One output element: `n · γⱼ + βⱼ`, `n · γⱼ`, `n · (wⱼ + 1)` or `n`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A>, j: usize) -> T {
+pub(super) fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A>, j: usize) -> T {
     let feature = |v: &[A], default: f64| v.get(j).map_or(default, |v| v.widen());
     match affine {
         Affine::Identity => n,
@@ -122,7 +122,7 @@ trait ShortOp<A: NormScalar>: Copy {
 
 #[derive(Clone, Copy)]
 struct LayerNormOp<'a, A> {
-    affine: Affine<'a, A>,
+    params: Params<'a, A>,
     eps: f64,
 }
 
@@ -143,7 +143,7 @@ pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Option<Centring> {
     let (values, d) = widened(x);
     let (base, shift, inv_std, check) = layer_norm_stats(values.get(..d)?, eps);
     let op = LayerNormOp::<A> {
-        affine: Affine::Identity,
+        params: Affine::Identity.into(),
         eps,
     };
     match op.verdict(check, d) {
@@ -166,7 +166,7 @@ pub(super) fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)
     let zero = 0.0;
     let squares = compensated_squares(values.get(..d)?, zero, zero);
     let op = RmsNormOp::<A> {
-        affine: Affine::Identity,
+        params: Affine::Identity.into(),
         eps,
     };
     (op.verdict([squares, zero, zero, zero], d) == Verdict::Normalised)
@@ -188,7 +188,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
         let (base, shift, inv_std, check) = layer_norm_stats(columns, self.eps);
         for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
-            *out = affine_element(((x - base) - shift) * inv_std, self.affine, j);
+            *out = affine_element(((x - base) - shift) * inv_std, self.params.affine, j);
         }
         check
     }
@@ -208,7 +208,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
 
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn constant_output(self, j: usize) -> A {
-        match self.affine {
+        match self.params.affine {
             Affine::ScaleShift(_, beta) => beta.get(j).copied().unwrap_or(A::zero()),
             Affine::Identity | Affine::Scale(_) | Affine::OnePlus(_) => A::zero(),
         }
@@ -216,13 +216,13 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
 
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn general<V: Vector>(self, io: Io<'_, A>) {
-        general_layer_norm_row::<A, V>(io, self.affine, self.eps);
+        general_layer_norm_row::<A, V>(io, self.params, self.eps);
     }
 }
 
 #[derive(Clone, Copy)]
 struct RmsNormOp<'a, A> {
-    affine: Affine<'a, A>,
+    params: Params<'a, A>,
     eps: f64,
 }
 
@@ -233,7 +233,7 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
         let squares = compensated_squares(columns, zero, zero);
         let inv_rms = inverse_root(squares, columns.len(), self.eps);
         for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
-            *out = affine_element(x * inv_rms, self.affine, j);
+            *out = affine_element(x * inv_rms, self.params.affine, j);
         }
         [squares, zero, zero, zero]
     }
@@ -257,7 +257,7 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
 
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn general<V: Vector>(self, io: Io<'_, A>) {
-        general_rms_norm_row::<A, V>(io, self.affine, self.eps);
+        general_rms_norm_row::<A, V>(io, self.params, self.eps);
     }
 }
 
@@ -266,10 +266,10 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
 pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     eps: f64,
 ) {
-    for_rows::<A, V, _>(io, rows, LayerNormOp { affine, eps });
+    for_rows::<A, V, _>(io, rows, LayerNormOp { params, eps });
 }
 
 /// RMSNorm of the `rows` consecutive rows of `io`.
@@ -277,10 +277,10 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
 pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
-    affine: Affine<'_, A>,
+    params: Params<'_, A>,
     eps: f64,
 ) {
-    for_rows::<A, V, _>(io, rows, RmsNormOp { affine, eps });
+    for_rows::<A, V, _>(io, rows, RmsNormOp { params, eps });
 }
 
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for

@@ -305,7 +305,7 @@ macro_rules! trampolines {
     ($features:literal, $vector:ty) => {
         use super::super::backward::{self, Inputs, Partials, RowCentring, RowScaling, Saved};
         use super::super::portable;
-        use super::super::{Affine, Io};
+        use super::super::{Affine, Io, Params};
         use crate::scalar::NormScalar;
 
         /// # Safety
@@ -314,10 +314,10 @@ macro_rules! trampolines {
         pub(in crate::kernel) unsafe fn layer_norm_rows<A: NormScalar>(
             io: Io<'_, A>,
             rows: usize,
-            affine: Affine<'_, A>,
+            params: Params<'_, A>,
             eps: f64,
         ) {
-            portable::layer_norm_rows::<A, $vector>(io, rows, affine, eps)
+            portable::layer_norm_rows::<A, $vector>(io, rows, params, eps)
         }
 
         /// # Safety
@@ -326,10 +326,10 @@ macro_rules! trampolines {
         pub(in crate::kernel) unsafe fn rms_norm_rows<A: NormScalar>(
             io: Io<'_, A>,
             rows: usize,
-            affine: Affine<'_, A>,
+            params: Params<'_, A>,
             eps: f64,
         ) {
-            portable::rms_norm_rows::<A, $vector>(io, rows, affine, eps)
+            portable::rms_norm_rows::<A, $vector>(io, rows, params, eps)
         }
 
         /// # Safety
