@@ -193,8 +193,9 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let mut out = Array::zeros(self.raw_dim());
+        let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows(self, &mut out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
+            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(out)
     }
@@ -218,8 +219,9 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         check::same_shape(self, out)?;
+        let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
+            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
@@ -236,8 +238,9 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
+        let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, Affine::Identity.into(), eps)
+            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }

@@ -193,10 +193,12 @@ pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
     if let (Some(input), Some(a), Some(b)) =
         (x.as_slice(), first.as_slice_mut(), second.as_slice_mut())
     {
+        let prefetch = cache::worth_prefetching(size_of_val(input));
         let rows = |input: &[A], a: &mut [A], b: &mut [A]| {
             let ahead = cache::rows_ahead::<A>(d);
             for (index, ((row, a), b)) in input.chunks_exact(d).zip(a).zip(b).enumerate() {
-                if let Some(next) = input.get((index + ahead) * d..(index + ahead + 1) * d) {
+                let next = input.get((index + ahead) * d..(index + ahead + 1) * d);
+                if let (true, Some(next)) = (prefetch, next) {
                     cache::for_reading(next.as_ptr(), d);
                 }
                 (*a, *b) = reduce(row);

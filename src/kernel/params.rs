@@ -7,11 +7,14 @@
 //! thread keeps for its next call, and every row (on any thread) reads the
 //! copy. The converted values are exact, and `1 + w` is formed in `f64` as
 //! the row kernels form it, so the outputs keep their bits.
+//!
+//! The call's size also settles whether its row walk asks the cache for
+//! rows ahead.
 
 use std::cell::Cell;
 
 use super::short::SHORT_ROW;
-use super::Affine;
+use super::{cache, Affine};
 use crate::scalar::NormScalar;
 
 /// The parameters the row kernels apply: `affine` as given, and for `f32`
@@ -21,11 +24,18 @@ pub(crate) struct Params<'a, A> {
     pub(super) affine: Affine<'a, A>,
     /// `affine` in `f64`, with the zero-centred `1 + w` as a plain gain.
     pub(super) wide: Option<Affine<'a, f64>>,
+    /// Whether the row walk asks for rows ahead (see
+    /// [`cache::worth_prefetching`]).
+    pub(super) prefetch: bool,
 }
 
 impl<'a, A> From<Affine<'a, A>> for Params<'a, A> {
     fn from(affine: Affine<'a, A>) -> Self {
-        Params { affine, wide: None }
+        Params {
+            affine,
+            wide: None,
+            prefetch: true,
+        }
     }
 }
 
@@ -49,6 +59,7 @@ thread_local! {
 /// thread's keeping when this is dropped.
 pub(crate) struct CallParams<'a, A> {
     affine: Affine<'a, A>,
+    prefetch: bool,
     wide: Vec<f64>,
     /// Where `β` starts in `wide` (0 when `wide` holds only `γ`), or `None`
     /// when nothing is widened.
@@ -57,6 +68,7 @@ pub(crate) struct CallParams<'a, A> {
 
 impl<'a, A: NormScalar> CallParams<'a, A> {
     pub(crate) fn new(affine: Affine<'a, A>, d: usize, elements: usize) -> Self {
+        let prefetch = cache::worth_prefetching(elements.saturating_mul(size_of::<A>()));
         let widen = size_of::<A>() == size_of::<f32>()
             && d > SHORT_ROW
             && d <= WIDE_ROW
@@ -70,6 +82,7 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
         if !widen || gamma.is_empty() {
             return CallParams {
                 affine,
+                prefetch,
                 wide: Vec::new(),
                 beta_at: None,
             };
@@ -90,6 +103,7 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
         };
         CallParams {
             affine,
+            prefetch,
             wide,
             beta_at: Some(beta_at),
         }
@@ -108,6 +122,7 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
         Params {
             affine: self.affine,
             wide,
+            prefetch: self.prefetch,
         }
     }
 }

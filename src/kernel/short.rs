@@ -118,6 +118,8 @@ trait ShortOp<A: NormScalar>: Copy {
     fn constant_output(self, j: usize) -> A;
     /// The long-row kernel, for the rows it must handle.
     fn general<V: Vector>(self, io: Io<'_, A>);
+    /// Whether the walk over long rows asks for rows ahead.
+    fn prefetch(self) -> bool;
 }
 
 #[derive(Clone, Copy)]
@@ -218,6 +220,10 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     fn general<V: Vector>(self, io: Io<'_, A>) {
         general_layer_norm_row::<A, V>(io, self.params, self.eps);
     }
+
+    fn prefetch(self) -> bool {
+        self.params.prefetch
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -259,6 +265,10 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     fn general<V: Vector>(self, io: Io<'_, A>) {
         general_rms_norm_row::<A, V>(io, self.params, self.eps);
     }
+
+    fn prefetch(self) -> bool {
+        self.params.prefetch
+    }
 }
 
 /// LayerNorm of the `rows` consecutive rows of `io`.
@@ -297,9 +307,10 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     };
     let streamed = matches!(io, Io::Stream { .. });
     let ahead = cache::rows_ahead::<A>(d);
+    let prefetch = op.prefetch();
     for (row, io) in io.rows(d).enumerate() {
         let next = (row + ahead) * d;
-        if next < total {
+        if prefetch && next < total {
             cache::for_reading(input.wrapping_add(next), d);
             if let Some(output) = output {
                 cache::for_writing(output.wrapping_add(next), d);
