@@ -993,7 +993,7 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     norm: N,
 ) {
     match params.wide {
-        Some(Affine::Scale(gamma)) => return write_with(io, Gain(gamma), norm),
+        Some(Affine::Scale(gamma)) => return write_with(io, Gain::<_, false>(gamma), norm),
         Some(Affine::ScaleShift(gamma, beta)) => {
             return write_with(io, GainShift(gamma, beta), norm)
         }
@@ -1001,9 +1001,9 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     }
     match params.affine {
         Affine::Identity => write_with(io, NoParams, norm),
-        Affine::Scale(gamma) => write_with(io, Gain(gamma), norm),
+        Affine::Scale(gamma) => write_with(io, Gain::<_, false>(gamma), norm),
         Affine::ScaleShift(gamma, beta) => write_with(io, GainShift(gamma, beta), norm),
-        Affine::OnePlus(weights) => write_with(io, OnePlusGain(weights), norm),
+        Affine::OnePlus(weights) => write_with(io, Gain::<_, true>(weights), norm),
     }
 }
 
@@ -1036,11 +1036,33 @@ trait Features: Copy {
     /// The features before `at` and from `at` on (`at` at most the row
     /// length).
     fn split_at(self, at: usize) -> (Self, Self);
-    /// `n` at the chunk of features starting at `start` (a whole chunk
-    /// within the row).
-    fn apply<V: Vector>(self, n: V, start: usize) -> V;
-    /// `n` at the last, partial chunk, from `start` on, padded with zeros.
-    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V;
+    /// `n` at the chunk of features starting at `start`, read as `C` reads.
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, start: usize) -> V;
+}
+
+/// How a [`Features`] step reads its chunk of a per-feature vector.
+trait FeatureChunk {
+    fn load<P: NormScalar, V: Vector>(v: &[P], start: usize) -> V;
+}
+
+/// A whole chunk within the row.
+struct Whole;
+
+impl FeatureChunk for Whole {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load<P: NormScalar, V: Vector>(v: &[P], start: usize) -> V {
+        P::load(&v[start..start + LANES].as_chunks::<LANES>().0[0])
+    }
+}
+
+/// The last, partial chunk, from `start` on, padded with zeros.
+struct Padded;
+
+impl FeatureChunk for Padded {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load<P: NormScalar, V: Vector>(v: &[P], start: usize) -> V {
+        P::load(&padded(&v[start..]))
+    }
 }
 
 /// `y = n`.
@@ -1053,44 +1075,30 @@ impl Features for NoParams {
         (NoParams, NoParams)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply<V: Vector>(self, n: V, _start: usize) -> V {
-        n
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply_tail<V: Vector>(self, n: V, _start: usize) -> V {
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, _start: usize) -> V {
         n
     }
 }
 
-/// The chunk of `v` from `start` on, a whole one.
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn chunk_at<A: NormScalar>(v: &[A], start: usize) -> &[A; LANES] {
-    &v[start..start + LANES].as_chunks::<LANES>().0[0]
-}
-
-/// The part of `v` from `start` on, padded with zeros to a chunk.
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn tail_at<A: NormScalar>(v: &[A], start: usize) -> [A; LANES] {
-    padded(&v[start..])
-}
-
-/// `y = n · γ`.
+/// `y = n · γ`, or with `ONE_PLUS` the zero-centred `y = n · (1 + w)`,
+/// `1 + w` formed in `f64`.
 #[derive(Clone, Copy)]
-struct Gain<'a, P>(&'a [P]);
+struct Gain<'a, P, const ONE_PLUS: bool>(&'a [P]);
 
-impl<P: NormScalar> Features for Gain<'_, P> {
+impl<P: NormScalar, const ONE_PLUS: bool> Features for Gain<'_, P, ONE_PLUS> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_at(self, at: usize) -> (Self, Self) {
         let (head, rest) = self.0.split_at(at);
         (Gain(head), Gain(rest))
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply<V: Vector>(self, n: V, start: usize) -> V {
-        n * P::load(chunk_at(self.0, start))
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
-        n * P::load(&tail_at(self.0, start))
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, start: usize) -> V {
+        let weight = C::load::<P, V>(self.0, start);
+        if ONE_PLUS {
+            n * (weight + V::splat(1.0))
+        } else {
+            n * weight
+        }
     }
 }
 
@@ -1109,32 +1117,8 @@ impl<P: NormScalar> Features for GainShift<'_, P> {
         )
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply<V: Vector>(self, n: V, start: usize) -> V {
-        n * P::load(chunk_at(self.0, start)) + P::load(chunk_at(self.1, start))
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
-        n * P::load(&tail_at(self.0, start)) + P::load(&tail_at(self.1, start))
-    }
-}
-
-/// `y = n · (1 + w)`, with `1 + w` formed in `f64`.
-#[derive(Clone, Copy)]
-struct OnePlusGain<'a, P>(&'a [P]);
-
-impl<P: NormScalar> Features for OnePlusGain<'_, P> {
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn split_at(self, at: usize) -> (Self, Self) {
-        let (head, rest) = self.0.split_at(at);
-        (OnePlusGain(head), OnePlusGain(rest))
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply<V: Vector>(self, n: V, start: usize) -> V {
-        n * (P::load::<V>(chunk_at(self.0, start)) + V::splat(1.0))
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply_tail<V: Vector>(self, n: V, start: usize) -> V {
-        n * (P::load::<V>(&tail_at(self.0, start)) + V::splat(1.0))
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, start: usize) -> V {
+        n * C::load::<P, V>(self.0, start) + C::load::<P, V>(self.1, start)
     }
 }
 
@@ -1177,7 +1161,7 @@ fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store
     let (sources, source_tail) = input.as_chunks::<LANES>();
     let (destinations, destination_tail) = output.as_chunks_mut::<LANES>();
     for (k, (destination, source)) in destinations.iter_mut().zip(sources).enumerate() {
-        let value = features.apply(norm.apply(A::load::<V>(source)), k * LANES);
+        let value = features.apply::<V, Whole>(norm.apply(A::load::<V>(source)), k * LANES);
         S::store::<A, V>(value, destination);
     }
     let start = destinations.len() * LANES;
@@ -1199,7 +1183,7 @@ fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>
 ) {
     let (chunks, tail) = row.as_chunks_mut::<LANES>();
     for (k, chunk) in chunks.iter_mut().enumerate() {
-        let value = features.apply(norm.apply(A::load::<V>(chunk)), k * LANES);
+        let value = features.apply::<V, Whole>(norm.apply(A::load::<V>(chunk)), k * LANES);
         A::store::<V>(value, chunk);
     }
     let start = chunks.len() * LANES;
@@ -1219,7 +1203,7 @@ fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
     if destination.is_empty() {
         return;
     }
-    let value = features.apply_tail(norm.apply(A::load::<V>(source)), start);
+    let value = features.apply::<V, Padded>(norm.apply(A::load::<V>(source)), start);
     let mut chunk = [A::zero(); LANES];
     A::store(value, &mut chunk);
     for (out, value) in destination.iter_mut().zip(chunk) {
