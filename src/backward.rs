@@ -10,7 +10,7 @@ use crate::error::{NormError, Operand};
 use crate::kernel::backward::{
     ColumnSum, Gain, Inputs, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
 };
-use crate::kernel::{self, Affine, Isa};
+use crate::kernel::{self, cache, Affine, Isa};
 use crate::scalar::NormScalar;
 use crate::{check, sealed};
 
@@ -1082,12 +1082,23 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
         } = scratch;
         gain.widen_into(widened);
         let gain = &widened[..];
+        // Gathered blocks of other layouts lie in a scratch buffer, which
+        // has nothing ahead of it to ask for.
+        let contiguous =
+            x.is_standard_layout() && dy.is_standard_layout() && dx.is_standard_layout();
+        let prefetch = contiguous && cache::worth_prefetching(2 * x.len() * size_of::<A>());
         #[cfg(feature = "rayon")]
         if parallel(x.len()) {
             if let (Some(x), Some(dy), Some(dx)) = (x.as_slice(), dy.as_slice(), dx.as_slice_mut())
             {
                 let totals = (&mut *dgamma, &mut *dbeta);
-                let inputs = Inputs { x, dy, d, gain };
+                let inputs = Inputs {
+                    x,
+                    dy,
+                    d,
+                    gain,
+                    prefetch,
+                };
                 parallel_blocks(isa, (inputs, dx), &block, totals);
                 return (Array1::from(dgamma.total()), Array1::from(dbeta.total()));
             }
@@ -1107,6 +1118,7 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
                 dy: dys.next_block(BLOCK_ROWS),
                 d,
                 gain,
+                prefetch,
             };
             block(isa, first, inputs, dxs.next_block(BLOCK_ROWS), partials);
             dgamma.add(&partials.dgamma);
@@ -1212,7 +1224,13 @@ fn parallel_blocks<A: NormScalar>(
     block: &impl BackwardBlock<A>,
     (dgamma, dbeta): (&mut ColumnSum, &mut ColumnSum),
 ) {
-    let Inputs { x, dy, d, gain } = inputs;
+    let Inputs {
+        x,
+        dy,
+        d,
+        gain,
+        prefetch,
+    } = inputs;
     let block_len = BLOCK_ROWS * d.max(1);
     let wave = (WAVE_ELEMS / block_len).max(MIN_WAVE_BLOCKS);
     let slots = wave.min(x.len().div_ceil(block_len));
@@ -1229,7 +1247,13 @@ fn parallel_blocks<A: NormScalar>(
             .with_min_len(blocks_per_task(d))
             .for_each(|(i, (((x, dy), dx), partials))| {
                 partials.clear();
-                let inputs = Inputs { x, dy, d, gain };
+                let inputs = Inputs {
+                    x,
+                    dy,
+                    d,
+                    gain,
+                    prefetch,
+                };
                 block(isa, first + i * BLOCK_ROWS, inputs, dx, partials);
             });
         for partials in partials.iter().take(x.len().div_ceil(block_len)) {

@@ -50,6 +50,16 @@ pub(crate) fn for_reading<A>(start: *const A, len: usize) {
     }
 }
 
+/// Asks for the `len` elements from `start` to be brought into the L2 cache
+/// (not L1) for reading: for rows that are read a while later, when their
+/// lines in L1 would crowd out the lines in use.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(crate) fn into_l2_for_reading<A>(start: *const A, len: usize) {
+    for line in lines(start, len) {
+        hint_read_l2(line);
+    }
+}
+
 /// Asks for the `len` elements from `start` to be brought into cache for
 /// writing (read for ownership ahead of the stores).
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -80,6 +90,14 @@ fn hint_read(line: *const u8) {
 
 #[cfg(target_arch = "x86_64")]
 #[cfg_attr(not(debug_assertions), inline(always))]
+fn hint_read_l2(line: *const u8) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    // SAFETY: as for `hint_read`.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(line.cast::<i8>()) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn hint_write(line: *const u8) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
     // SAFETY: as for `hint_read`; CPUs without `prefetchw` execute it as a
@@ -90,6 +108,10 @@ fn hint_write(line: *const u8) {
 #[cfg(not(target_arch = "x86_64"))]
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn hint_read(_line: *const u8) {}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn hint_read_l2(_line: *const u8) {}
 
 #[cfg(not(target_arch = "x86_64"))]
 #[cfg_attr(not(debug_assertions), inline(always))]

@@ -526,6 +526,9 @@ mod tests {
                     dy: &dy,
                     d,
                     gain: &gain,
+                    // Hints past the block's end are allowed, and change
+                    // no bits.
+                    prefetch: true,
                 };
                 layer_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
                 grads(
@@ -542,6 +545,9 @@ mod tests {
                     dy: &dy,
                     d,
                     gain: &gain,
+                    // Hints past the block's end are allowed, and change
+                    // no bits.
+                    prefetch: true,
                 };
                 rms_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
                 grads(
