@@ -474,7 +474,9 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
 
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
-    let (gain_chunks, gain_tail) = gain.as_chunks::<LANES>().0.split_at(x_chunks.len());
+    // One more gain vector than whole `x` vectors when a partial one ends
+    // the row: the zips below stop at the shorter side.
+    let (gain_chunks, _) = gain.as_chunks::<LANES>();
     let zero = BlockedSum::new();
     let mut sums = ((zero, zero), zero);
     // Slices of one length, zipped by value: the loop is a plain index
@@ -492,7 +494,7 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
         sums = flush(sums);
     }
     if !x_tail.is_empty() {
-        if let Some(gain) = gain_tail.first() {
+        if let Some(gain) = gain_chunks.get(x_chunks.len()) {
             let values = (
                 deviate.deviation(A::load(&padded(x_tail))),
                 A::load(&padded(dy_tail)),
