@@ -71,7 +71,7 @@ use super::portable::{
 };
 use super::short::{self, SHORT_ROW};
 use super::simd::{Vector, LANES};
-use super::{cache, Affine, Io};
+use super::{cache, widened_gain, Affine, Io};
 use crate::scalar::NormScalar;
 
 /// Rows per block of the per-feature sums over rows.
@@ -216,15 +216,8 @@ impl<'a, A: NormScalar> Gain<'a, A> {
     /// [`widened`](Self::widened) into `gain`, reusing its memory.
     pub(crate) fn widen_into(self, gain: &mut Vec<f64>) {
         let (Gain::Gamma(weights) | Gain::OnePlus(weights)) = self;
-        let one = match self {
-            Gain::Gamma(_) => None,
-            Gain::OnePlus(_) => Some(1.0),
-        };
         gain.clear();
-        gain.extend(weights.iter().map(|w| match one {
-            Some(one) => one + w.widen(),
-            None => w.widen(),
-        }));
+        gain.extend(widened_gain(weights, matches!(self, Gain::OnePlus(_))));
         gain.resize(weights.len().div_ceil(LANES) * LANES, 0.0);
     }
 

@@ -93,6 +93,19 @@ pub(crate) enum Affine<'a, A> {
     OnePlus(&'a [A]),
 }
 
+/// Per-feature weights in `f64`: `γ` as given, or with `one_plus` the
+/// zero-centred gain `1 + w`, formed in `f64` as every kernel forms it. The
+/// one place where stored weights are widened for the kernels, so that the
+/// forward and backward passes agree on every bit of the gain.
+pub(crate) fn widened_gain<A: NormScalar>(
+    weights: &[A],
+    one_plus: bool,
+) -> impl Iterator<Item = f64> + '_ {
+    weights
+        .iter()
+        .map(move |w| if one_plus { 1.0 + w.widen() } else { w.widen() })
+}
+
 /// The instruction sets the kernels are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {

@@ -14,7 +14,7 @@
 use std::cell::Cell;
 
 use super::short::SHORT_ROW;
-use super::{cache, Affine};
+use super::{cache, widened_gain, Affine};
 use crate::scalar::NormScalar;
 
 /// The parameters the row kernels apply: `affine` as given, and for `f32`
@@ -73,11 +73,11 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
             && d > SHORT_ROW
             && d <= WIDE_ROW
             && elements / d >= WIDE_MIN_ROWS;
-        let (gamma, beta, one) = match affine {
-            Affine::Scale(gamma) => (gamma, None, None),
-            Affine::ScaleShift(gamma, beta) => (gamma, Some(beta), None),
-            Affine::OnePlus(w) => (w, None, Some(1.0)),
-            Affine::Identity => (&[][..], None, None),
+        let (gamma, beta, one_plus) = match affine {
+            Affine::Scale(gamma) => (gamma, None, false),
+            Affine::ScaleShift(gamma, beta) => (gamma, Some(beta), false),
+            Affine::OnePlus(w) => (w, None, true),
+            Affine::Identity => (&[][..], None, false),
         };
         if !widen || gamma.is_empty() {
             return CallParams {
@@ -90,10 +90,7 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
         // Taken out while the call runs: a nested call gets its own.
         let mut wide = KEPT.try_with(Cell::take).unwrap_or_default();
         wide.clear();
-        wide.extend(gamma.iter().map(|&g| match one {
-            Some(one) => one + g.widen(),
-            None => g.widen(),
-        }));
+        wide.extend(widened_gain(gamma, one_plus));
         let beta_at = match beta {
             Some(beta) => {
                 wide.extend(beta.iter().map(|&b| b.widen()));
