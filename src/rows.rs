@@ -122,7 +122,7 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
     kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
 ) {
     let isa = Isa::detect();
-    let row = |io: Io<'_, A>| kernel(isa, io, 1);
+    let on_rows = |io: Io<'_, A>, count: usize| kernel(isa, io, count);
     if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
         // A block of consecutive rows goes to the kernel in one call.
         let streamed = may_stream
@@ -149,7 +149,7 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
         rows(input, output);
         return;
     }
-    strided::map(x.view().into_dyn(), out.view_mut().into_dyn(), &row);
+    strided::map(x.view().into_dyn(), out.view_mut().into_dyn(), &on_rows);
 }
 
 /// Runs `kernel` on every row of `x`, overwriting it.
@@ -159,7 +159,7 @@ pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
     kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
 ) {
     let isa = Isa::detect();
-    let row = |io: Io<'_, A>| kernel(isa, io, 1);
+    let on_rows = |io: Io<'_, A>, count: usize| kernel(isa, io, count);
     if let Some(all) = x.as_slice_mut() {
         // A block of consecutive rows goes to the kernel in one call.
         let rows = |all: &mut [A]| {
@@ -174,7 +174,7 @@ pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
         rows(all);
         return;
     }
-    strided::map_in_place(x.view_mut().into_dyn(), &row);
+    strided::map_in_place(x.view_mut().into_dyn(), &on_rows);
 }
 
 /// Applies `reduce` to every row of `x`, collecting the two results in
