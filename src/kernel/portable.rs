@@ -1223,17 +1223,6 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     short::layer_norm_rows::<A, V>(io, rows, params, eps);
 }
 
-/// LayerNorm of one row of any length.
-#[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn general_layer_norm_row<A: NormScalar, V: Vector>(
-    io: Io<'_, A>,
-    params: Params<'_, A>,
-    eps: f64,
-) {
-    let centring = centring::<A, V>(io.input(), eps);
-    write_layer_norm::<A, V>(io, params, centring);
-}
-
 /// Writes LayerNorm's output for the row's `centring`.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
@@ -1284,17 +1273,6 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     eps: f64,
 ) {
     short::rms_norm_rows::<A, V>(io, rows, params, eps);
-}
-
-/// RMSNorm of one row of any length.
-#[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn general_rms_norm_row<A: NormScalar, V: Vector>(
-    io: Io<'_, A>,
-    params: Params<'_, A>,
-    eps: f64,
-) {
-    let scaling = rms_scaling::<A, V>(io.input(), eps);
-    write_rms_norm::<A, V>(io, params, scaling);
 }
 
 /// Writes RMSNorm's output for the row's scaling (`None`: the row holds a

@@ -23,8 +23,9 @@
 //! instruction set or the thread.
 
 use super::portable::{
-    general_layer_norm_row, general_rms_norm_row, general_row_stats, two_product, two_sum,
-    Centring, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
+    centring as long_centring, general_row_stats, rms_scaling as portable_rms_scaling, two_product,
+    two_sum, write_layer_norm, write_rms_norm, Centring, EPS_HIDES_TINY, HUGE_MAGNITUDE,
+    TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{cache, Affine, Io, Params};
@@ -117,7 +118,20 @@ trait ShortOp<A: NormScalar>: Copy {
     /// Output element `j` of a constant row.
     fn constant_output(self, j: usize) -> A;
     /// The long-row kernel, for the rows it must handle.
-    fn general<V: Vector>(self, io: Io<'_, A>);
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn general<V: Vector>(self, io: Io<'_, A>) {
+        let stats = self.stats::<V>(io.input());
+        self.write::<V>(io, stats);
+    }
+    /// Whether [`long_rows`] computes each row's statistics before writing
+    /// the row before it (for rows of at most [`PIPELINE_MAX_ROW_BYTES`]).
+    const PIPELINED: bool;
+    /// What the long-row kernel computes of a row before writing it.
+    type Stats: Copy;
+    /// The long-row kernel's statistics of a row.
+    fn stats<V: Vector>(self, x: &[A]) -> Self::Stats;
+    /// The long-row kernel's output of a row from its statistics.
+    fn write<V: Vector>(self, io: Io<'_, A>, stats: Self::Stats);
     /// Whether the walk over long rows asks for rows ahead.
     fn prefetch(self) -> bool;
 }
@@ -216,9 +230,15 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
         }
     }
 
+    const PIPELINED: bool = true;
+    type Stats = Centring;
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn general<V: Vector>(self, io: Io<'_, A>) {
-        general_layer_norm_row::<A, V>(io, self.params, self.eps);
+    fn stats<V: Vector>(self, x: &[A]) -> Centring {
+        long_centring::<A, V>(x, self.eps)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn write<V: Vector>(self, io: Io<'_, A>, stats: Centring) {
+        write_layer_norm::<A, V>(io, self.params, stats);
     }
 
     fn prefetch(self) -> bool {
@@ -261,9 +281,15 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
         A::zero()
     }
 
+    const PIPELINED: bool = false;
+    type Stats = Option<(f64, f64)>;
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn general<V: Vector>(self, io: Io<'_, A>) {
-        general_rms_norm_row::<A, V>(io, self.params, self.eps);
+    fn stats<V: Vector>(self, x: &[A]) -> Option<(f64, f64)> {
+        portable_rms_scaling::<A, V>(x, self.eps)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn write<V: Vector>(self, io: Io<'_, A>, stats: Option<(f64, f64)>) {
+        write_rms_norm::<A, V>(io, self.params, stats);
     }
 
     fn prefetch(self) -> bool {
@@ -293,9 +319,30 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
     for_rows::<A, V, _>(io, rows, RmsNormOp { params, eps });
 }
 
+/// Rows of at most this many bytes are pipelined by [`long_rows`] when the
+/// operation asks for it ([`ShortOp::PIPELINED`]).
+///
+/// A short row's statistics end in a long chain of dependent steps (lane
+/// trees, the division of the mean, the square root), during which the
+/// row's own output pass must wait. Computing the next row's statistics
+/// first gives the processor independent work to overlap with that chain.
+/// Measured one thread, best of 5, alternating builds (ns per element,
+/// before -> after): LayerNorm `_into` in cache (x of 256 KiB) `f64`
+/// d = 64 1.07 -> 0.92 - 0.93, d = 128 0.90 - 0.94 -> 0.78, d = 256
+/// 0.68 - 0.72 -> 0.63, `f32` d = 64 0.91 - 0.92 -> 0.87 - 0.88; in place
+/// `f64` d = 64 1.04 - 1.07 -> 0.84 - 0.89; out of cache (256 MiB) `_into`
+/// `f32` d = 64 1.00 - 1.04 -> 0.93 - 0.95, in place `f64` d = 64
+/// 1.15 - 1.17 -> 1.00 - 1.02. Rows of 3 KiB and more were unchanged or up
+/// to 5% slower, and so was RMSNorm in `f64` at d = 128 and 256, whose chain
+/// is shorter; RMSNorm is not pipelined.
+const PIPELINE_MAX_ROW_BYTES: usize = 1024;
+
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
 /// each next row (and, when the output is separate, its destination) to be
-/// brought into cache while the current one is worked on.
+/// brought into cache while the current one is worked on. Short enough
+/// rows of a pipelined operation are written one row behind: each row's
+/// statistics are computed before the previous row is written (same
+/// arithmetic per row, so the same bits).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
     let total = io.input().len();
@@ -308,6 +355,8 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     let streamed = matches!(io, Io::Stream { .. });
     let ahead = cache::rows_ahead::<A>(d);
     let prefetch = op.prefetch();
+    let pipelined = Op::PIPELINED && d * size_of::<A>() <= PIPELINE_MAX_ROW_BYTES;
+    let mut pending = None;
     for (row, io) in io.rows(d).enumerate() {
         let next = (row + ahead) * d;
         if prefetch && next < total {
@@ -316,7 +365,17 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
                 cache::for_writing(output.wrapping_add(next), d);
             }
         }
-        op.general::<V>(io);
+        if pipelined {
+            let stats = op.stats::<V>(io.input());
+            if let Some((io, stats)) = pending.replace((io, stats)) {
+                op.write::<V>(io, stats);
+            }
+        } else {
+            op.general::<V>(io);
+        }
+    }
+    if let Some((io, stats)) = pending {
+        op.write::<V>(io, stats);
     }
     if streamed {
         cache::after_streaming();
