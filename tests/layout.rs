@@ -253,10 +253,10 @@ fn non_finite_rows_agree_across_layouts() {
     check_layouts("IxDyn", &all.dyn_, &p, &reference).unwrap();
 }
 
-/// Arrays taller than the row walk's transposed tiles (16 rows) and
-/// gathered blocks (32 - 64 rows), which the proptests above, with at most
-/// 6 rows, never reach: partial tiles at the end of each block and of each
-/// row, and whole tiles in between.
+/// Arrays taller than the row walk's gathered blocks (32 - 64 rows) and its
+/// groups of rows per kernel call, which the proptests above, with at most
+/// 6 rows, never reach: several whole blocks and groups, and a partial one
+/// at the end.
 #[test]
 fn tall_arrays_agree_across_layouts() {
     fn check<A: TestFloat>(rows: usize, d: usize) {
