@@ -49,6 +49,14 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
     /// where the vector type allows it.
     #[doc(hidden)]
     fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]);
+    /// Loads element `j` of 16 consecutive rows of `d` elements into the
+    /// lanes of a kernel vector, widening exactly.
+    #[doc(hidden)]
+    fn load_column<V: Vector>(rows: &[Self], j: usize, d: usize) -> V;
+    /// Stores the lanes of a kernel vector as element `j` of 16 consecutive
+    /// rows of `d` elements, rounding each lane once.
+    #[doc(hidden)]
+    fn store_column<V: Vector>(value: V, rows: &mut [Self], j: usize, d: usize);
 }
 
 impl NormScalar for f32 {
@@ -72,6 +80,14 @@ impl NormScalar for f32 {
     fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.stream_f32(chunk)
     }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_column<V: Vector>(rows: &[Self], j: usize, d: usize) -> V {
+        V::load_column_f32(rows, j, d)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_column<V: Vector>(value: V, rows: &mut [Self], j: usize, d: usize) {
+        value.store_column_f32(rows, j, d)
+    }
 }
 
 impl NormScalar for f64 {
@@ -94,5 +110,13 @@ impl NormScalar for f64 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.stream_f64(chunk)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_column<V: Vector>(rows: &[Self], j: usize, d: usize) -> V {
+        V::load_column_f64(rows, j, d)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_column<V: Vector>(value: V, rows: &mut [Self], j: usize, d: usize) {
+        value.store_column_f64(rows, j, d)
     }
 }

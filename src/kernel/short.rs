@@ -21,6 +21,17 @@
 //! long-row kernel, which handles them all. Which algorithm a row gets
 //! depends only on its length and its values, never on the layout, the
 //! instruction set or the thread.
+//!
+//! Sixteen rows go into the lanes one column at a time
+//! ([`NormScalar::load_column`], a gather where the instruction set has
+//! one), and when the quick test of the statistics passes every row (the
+//! usual case) the outputs leave the same way; otherwise each row is written
+//! on its own; a block of constant rows is filled whole. Against moving
+//! elements one by one between rows and lanes and judging each row on its
+//! own, this (with the reciprocal of `d` in steps 2 and 3) took `f32` rows
+//! in cache, one thread, from 8.5 to 1.9 ns per element (RMSNorm, d = 1),
+//! 2.6 to 1.3 (d = 4) and 1.1 to 0.8 (d = 16); LayerNorm from 9.6 to 5.8,
+//! 3.1 to 1.9 and 1.5 to 1.2.
 
 use super::portable::{
     centring as long_centring, general_row_stats, rms_scaling as portable_rms_scaling, two_product,
@@ -69,14 +80,19 @@ fn mean_split<T: Arith>(columns: &[T]) -> (T, T, T, T) {
     let base = high / d;
     let (product, product_err) = two_product(base, d);
     // high - product is exact: product is within an ulp of high (Sterbenz).
-    let shift = (((high - product) - product_err) + low) / d;
+    // The remainder is tiny next to `base`, so multiplying it by the rounded
+    // `1 / d` rather than dividing adds one rounding to a correction that
+    // is itself below an ulp of the mean, and saves a division.
+    let shift = (((high - product) - product_err) + low) * T::splat(1.0 / columns.len() as f64);
     (base, shift, min, max)
 }
 
-/// `1 / √(squares / d + eps)`.
+/// `1 / √(squares · (1 / d) + eps)`. The rounded `1 / d` adds one rounding
+/// to the mean square (relative 2⁻⁵³, far below what the outputs carry) and
+/// saves a division.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn inverse_root<T: Arith>(squares: T, d: usize, eps: f64) -> T {
-    T::splat(1.0) / (squares / T::splat(d as f64) + T::splat(eps)).sqrt()
+    T::splat(1.0) / (squares * T::splat(1.0 / d as f64) + T::splat(eps)).sqrt()
 }
 
 /// One output element: `n · γⱼ + βⱼ`, `n · γⱼ`, `n · (wⱼ + 1)` or `n`.
@@ -115,6 +131,13 @@ trait ShortOp<A: NormScalar>: Copy {
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T>;
     /// What becomes of a row with this check.
     fn verdict(self, check: [f64; 4], d: usize) -> Verdict;
+    /// Whether the check of every lane is certainly
+    /// [`Verdict::Normalised`]: a quick test of the usual case, which may
+    /// answer `false` for rows that [`ShortOp::verdict`] would pass.
+    fn all_normalised<V: Vector>(self, check: Check<V>) -> bool;
+    /// Whether the check of every lane is certainly [`Verdict::Constant`],
+    /// as [`ShortOp::all_normalised`].
+    fn all_constant<V: Vector>(self, check: Check<V>) -> bool;
     /// Output element `j` of a constant row.
     fn constant_output(self, j: usize) -> A;
     /// The long-row kernel, for the rows it must handle.
@@ -134,6 +157,17 @@ trait ShortOp<A: NormScalar>: Copy {
     fn write<V: Vector>(self, io: Io<'_, A>, stats: Self::Stats);
     /// Whether the walk over long rows asks for rows ahead.
     fn prefetch(self) -> bool;
+}
+
+/// The least square sum that [`ShortOp::all_normalised`] passes: tiny
+/// squares are handed to the long-row kernel unless `eps` hides them.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn squares_floor(eps: f64) -> f64 {
+    if eps < EPS_HIDES_TINY {
+        TINY_SQUARES
+    } else {
+        0.0
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -223,6 +257,32 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
+    fn all_normalised<V: Vector>(self, [base, min, max, squares]: Check<V>) -> bool {
+        // Each test implies its clause of `verdict`: a finite `base`, no
+        // magnitude of `HUGE_MAGNITUDE` or more, `max - min > 0` (so
+        // `min != max`), and squares that are finite and, unless `eps`
+        // hides them, not tiny.
+        base.abs().all_within(0.0, f64::MAX)
+            && min
+                .abs()
+                .max_select(max.abs())
+                .all_within(0.0, HUGE_MAGNITUDE.next_down())
+            && (max - min).all_within(f64::from_bits(1), f64::INFINITY)
+            && squares.all_within(squares_floor(self.eps), f64::MAX)
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn all_constant<V: Vector>(self, [base, min, max, _]: Check<V>) -> bool {
+        // The first two clauses of `verdict` fail, and `min == max`.
+        base.abs().all_within(0.0, f64::MAX)
+            && min
+                .abs()
+                .max_select(max.abs())
+                .all_within(0.0, HUGE_MAGNITUDE.next_down())
+            && (max - min).all_within(0.0, 0.0)
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn constant_output(self, j: usize) -> A {
         match self.params.affine {
             Affine::ScaleShift(_, beta) => beta.get(j).copied().unwrap_or(A::zero()),
@@ -274,6 +334,18 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
         } else {
             Verdict::General
         }
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn all_normalised<V: Vector>(self, [squares, ..]: Check<V>) -> bool {
+        // Finite squares, not tiny unless `eps` hides them; either way
+        // `squares / d + eps` is then positive.
+        squares.all_within(squares_floor(self.eps), f64::MAX)
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn all_constant<V: Vector>(self, _check: Check<V>) -> bool {
+        false
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -395,6 +467,10 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
         return;
     }
     let block = d * LANES;
+    // As in `long_rows`: the block about 4 KiB ahead (and its destination)
+    // is requested while this one is worked on.
+    let ahead = cache::rows_ahead::<A>(block) * block;
+    let prefetch = op.prefetch();
     match io {
         // Short rows are written with plain stores.
         Io::Copy { input, output } | Io::Stream { input, output } => {
@@ -402,6 +478,10 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
             let mut outputs = output.chunks_exact_mut(block);
             let mut scratch = Scratch::new();
             for (input, output) in (&mut inputs).zip(&mut outputs) {
+                if prefetch {
+                    cache::for_reading(input.as_ptr().wrapping_add(ahead), block);
+                    cache::for_writing(output.as_ptr().wrapping_add(ahead), block);
+                }
                 sixteen_rows::<A, V, Op>(Some(input), output, d, op, &mut scratch);
             }
             let rest = inputs.remainder().chunks_exact(d);
@@ -413,6 +493,9 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
             let mut blocks = rows.chunks_exact_mut(block);
             let mut scratch = Scratch::new();
             for rows in &mut blocks {
+                if prefetch {
+                    cache::for_reading(rows.as_ptr().wrapping_add(ahead), block);
+                }
                 sixteen_rows::<A, V, Op>(None, rows, d, op, &mut scratch);
             }
             for row in blocks.into_remainder().chunks_exact_mut(d) {
@@ -473,8 +556,10 @@ fn row_of<A>(block: &[A], r: usize, d: usize) -> &[A] {
 }
 
 /// Sixteen short rows of length `d`, one per lane. `source` is `None` when
-/// the rows are normalised in place. Rows that the vector pass cannot finish
-/// are left alone by it and then handed to the long-row kernel one by one.
+/// the rows are normalised in place. When every row is normalised by the
+/// vector pass (the usual case), its outputs go straight from the lanes to
+/// the rows; otherwise each row is written on its own, and the rows that
+/// the vector pass cannot finish are handed to the long-row kernel.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
     source: Option<&[A]>,
@@ -485,17 +570,28 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
 ) {
     {
         let rows = source.unwrap_or(&*destination);
-        for r in 0..LANES {
-            for (column, &x) in scratch.lanes.iter_mut().zip(row_of(rows, r, d)) {
-                column[r] = x.widen();
-            }
+        for (j, column) in scratch.columns.iter_mut().enumerate().take(d) {
+            *column = A::load_column(rows, j, d);
         }
-    }
-    for (column, lane_values) in scratch.columns.iter_mut().zip(&scratch.lanes).take(d) {
-        *column = V::from_lanes(lane_values);
     }
     let columns = scratch.columns.get(..d).unwrap_or(&[]);
     let check = op.outputs(columns, &mut scratch.outputs);
+    if op.all_normalised(check) {
+        for (j, &output) in scratch.outputs.iter().enumerate().take(d) {
+            A::store_column(output, destination, j, d);
+        }
+        return;
+    }
+    if op.all_constant(check) {
+        let mut constant = [A::zero(); SHORT_ROW];
+        for (j, y) in constant.iter_mut().enumerate().take(d) {
+            *y = op.constant_output(j);
+        }
+        for row in destination.chunks_exact_mut(d) {
+            row.copy_from_slice(&constant[..d]);
+        }
+        return;
+    }
     let check = [
         check[0].to_lanes(),
         check[1].to_lanes(),

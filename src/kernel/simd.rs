@@ -92,6 +92,37 @@ pub trait Vector: Arith {
     fn stream_f32(self, chunk: &mut [f32; LANES]) {
         self.store_f32(chunk)
     }
+    /// Whether every lane lies in `low ..= high` (false for a NaN lane).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn all_within(self, low: f64, high: f64) -> bool {
+        self.to_lanes()
+            .iter()
+            .all(|&lane| lane >= low && lane <= high)
+    }
+    /// Element `j` of each of 16 consecutive rows of `d` elements, widened
+    /// exactly: lane `l` holds `rows[l · d + j]`. Lanes whose element lies
+    /// past the end of `rows` hold zero.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_column_f32(rows: &[f32], j: usize, d: usize) -> Self {
+        Self::from_lanes(&column_lanes(rows, j, d))
+    }
+    /// [`Vector::load_column_f32`] of `f64` rows.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_column_f64(rows: &[f64], j: usize, d: usize) -> Self {
+        Self::from_lanes(&column_lanes(rows, j, d))
+    }
+    /// Stores lane `l`, rounded to nearest (ties to even), as element `j`
+    /// of row `l` of 16 consecutive rows of `d` elements: `rows[l · d + j]`.
+    /// Lanes whose element lies past the end of `rows` are dropped.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_column_f32(self, rows: &mut [f32], j: usize, d: usize) {
+        store_column_lanes(self.to_lanes(), rows, j, d, |value| value as f32);
+    }
+    /// [`Vector::store_column_f32`] into `f64` rows.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_column_f64(self, rows: &mut [f64], j: usize, d: usize) {
+        store_column_lanes(self.to_lanes(), rows, j, d, |value| value);
+    }
     /// Lanes `width .. 2 · width` moved down to `0 .. width`, for `width`
     /// a power of two below `LANES`; the other lanes hold arbitrary values.
     /// One step of the halving tree that reduces a vector to one lane.
@@ -106,6 +137,37 @@ pub trait Vector: Arith {
             *lane = value;
         }
         Self::from_lanes(&lanes)
+    }
+}
+
+/// `rows[l · d + j]` widened in lane `l` (zero past the end of `rows`): the
+/// column loads of every vector type without a faster one.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(crate) fn column_lanes<T: Copy + Into<f64>>(rows: &[T], j: usize, d: usize) -> Lanes {
+    let mut lanes = [0.0; LANES];
+    for (l, lane) in lanes.iter_mut().enumerate() {
+        if let Some(&x) = rows.get(l * d + j) {
+            *lane = x.into();
+        }
+    }
+    lanes
+}
+
+/// Stores lane `l` through `narrow` as `rows[l · d + j]` (dropped past the
+/// end of `rows`): the column stores of every vector type without a faster
+/// one.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(crate) fn store_column_lanes<T>(
+    lanes: Lanes,
+    rows: &mut [T],
+    j: usize,
+    d: usize,
+    narrow: impl Fn(f64) -> T,
+) {
+    for (l, value) in lanes.into_iter().enumerate() {
+        if let Some(y) = rows.get_mut(l * d + j) {
+            *y = narrow(value);
+        }
     }
 }
 

@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 use std::ops::{Add, Div, Mul, Sub};
 
-use super::simd::{Arith, Lanes, Vector, LANES};
+use super::simd::{column_lanes, store_column_lanes, Arith, Lanes, Vector, LANES};
 
 pub(super) fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
@@ -44,7 +44,8 @@ macro_rules! vector_type {
         store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr,
         stream: $stream:ident,
         stream_f32: |$stream_value:ident, $stream_dst:ident| $stream_f32:expr,
-        within_register: |$reg:ident, $half:ident| $within:expr $(,)?
+        within_register: |$reg:ident, $half:ident| $within:expr,
+        columns: { $($columns:tt)* } $(,)?
     ) => {
         $(#[$doc])*
         #[derive(Clone, Copy)]
@@ -249,6 +250,8 @@ macro_rules! vector_type {
                 }
                 $name(out)
             }
+
+            $($columns)*
         }
     };
 }
@@ -264,6 +267,7 @@ vector_type! {
     stream: _mm_stream_pd,
     stream_f32: |value, dst| _mm_stream_si64(dst as *mut i64, _mm_cvtsi128_si64(_mm_castps_si128(_mm_cvtpd_ps(value)))),
     within_register: |register, _half| _mm_unpackhi_pd(register, register),
+    columns: {},
 }
 
 vector_type! {
@@ -280,6 +284,7 @@ vector_type! {
         2 => _mm256_permute2f128_pd::<0x01>(register, register),
         _ => _mm256_permute_pd::<0b0101>(register),
     },
+    columns: {},
 }
 
 vector_type! {
@@ -297,6 +302,102 @@ vector_type! {
         2 => _mm512_shuffle_f64x2::<0x01>(register, register),
         _ => _mm512_permute_pd::<0x55>(register),
     },
+    // Gathers and scatters with the offsets `l · d` from element `j`: one
+    // instruction per 16 `f32` or 8 `f64` lanes, where the portable column
+    // moves one element at a time.
+    columns: {
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn all_within(self, low: f64, high: f64) -> bool {
+            // SAFETY: see the module docs: only reached with the features enabled.
+            // Ordered comparisons: false for a NaN lane.
+            unsafe {
+                let (low, high) = (_mm512_set1_pd(low), _mm512_set1_pd(high));
+                let mut inside = 0xFF;
+                for register in self.0 {
+                    inside &= _mm512_cmp_pd_mask::<_CMP_GE_OQ>(register, low)
+                        & _mm512_cmp_pd_mask::<_CMP_LE_OQ>(register, high);
+                }
+                inside == 0xFF
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_column_f32(rows: &[f32], j: usize, d: usize) -> Self {
+            if !column_fits(rows.len(), j, d) {
+                return Self::from_lanes(&column_lanes(rows, j, d));
+            }
+            // SAFETY: `column_fits`: every offset `l · d + j` (l < 16) is
+            // inside `rows` and fits an `i32`; features: module docs.
+            unsafe {
+                let wide = _mm512_i32gather_ps::<4>(column_offsets(d), rows.as_ptr().add(j));
+                let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(wide));
+                Avx512([
+                    _mm512_cvtps_pd(_mm512_castps512_ps256(wide)),
+                    _mm512_cvtps_pd(_mm256_castpd_ps(high)),
+                ])
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_column_f64(rows: &[f64], j: usize, d: usize) -> Self {
+            if !column_fits(rows.len(), j, d) {
+                return Self::from_lanes(&column_lanes(rows, j, d));
+            }
+            // SAFETY: as in `load_column_f32`.
+            unsafe {
+                let offsets = column_offsets(d);
+                let start = rows.as_ptr().add(j);
+                Avx512([
+                    _mm512_i32gather_pd::<8>(_mm512_castsi512_si256(offsets), start),
+                    _mm512_i32gather_pd::<8>(_mm512_extracti64x4_epi64::<1>(offsets), start),
+                ])
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_column_f32(self, rows: &mut [f32], j: usize, d: usize) {
+            if !column_fits(rows.len(), j, d) {
+                return store_column_lanes(self.to_lanes(), rows, j, d, |value| value as f32);
+            }
+            // SAFETY: as in `load_column_f32`; the offsets are distinct, so
+            // no two lanes write the same element.
+            unsafe {
+                let low = _mm512_cvtpd_ps(self.0[0]);
+                let high = _mm512_cvtpd_ps(self.0[1]);
+                let narrow = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high);
+                _mm512_i32scatter_ps::<4>(rows.as_mut_ptr().add(j), column_offsets(d), narrow);
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_column_f64(self, rows: &mut [f64], j: usize, d: usize) {
+            if !column_fits(rows.len(), j, d) {
+                return store_column_lanes(self.to_lanes(), rows, j, d, |value| value);
+            }
+            // SAFETY: as in `store_column_f32`.
+            unsafe {
+                let offsets = column_offsets(d);
+                let start = rows.as_mut_ptr().add(j);
+                _mm512_i32scatter_pd::<8>(start, _mm512_castsi512_si256(offsets), self.0[0]);
+                _mm512_i32scatter_pd::<8>(start, _mm512_extracti64x4_epi64::<1>(offsets), self.0[1]);
+            }
+        }
+    },
+}
+
+/// Whether the 16 elements `l · d + j` of a column lie inside rows of
+/// `len` elements and their offsets fit an `i32`, as the gathers and
+/// scatters of [`Avx512`] need.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn column_fits(len: usize, j: usize, d: usize) -> bool {
+    j < d && d <= LANES && (LANES - 1) * d + j < len
+}
+
+/// The offsets `l · d` of lanes `l = 0 .. 16`, for `d <= LANES` (checked
+/// by [`column_fits`]), so the products are small.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn column_offsets(d: usize) -> __m512i {
+    // SAFETY: only called by the methods of `Avx512`: see the module docs.
+    unsafe {
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        _mm512_mullo_epi32(lanes, _mm512_set1_epi32(d as i32))
+    }
 }
 
 /// Declares the trampolines of one feature set: each compiles a portable
