@@ -138,6 +138,9 @@ trait ShortOp<A: NormScalar>: Copy {
     /// Whether the check of every lane is certainly [`Verdict::Constant`],
     /// as [`ShortOp::all_normalised`].
     fn all_constant<V: Vector>(self, check: Check<V>) -> bool;
+    /// Whether rows of one element, one per lane of `column`, are certainly
+    /// [`Verdict::Constant`], known before any statistic is computed.
+    fn all_single_constant<V: Vector>(self, column: V) -> bool;
     /// Output element `j` of a constant row.
     fn constant_output(self, j: usize) -> A;
     /// The long-row kernel, for the rows it must handle.
@@ -272,6 +275,14 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
+    fn all_single_constant<V: Vector>(self, column: V) -> bool {
+        // A row of one element is its own mean, minimum and maximum: the
+        // clauses of `all_constant` reduce to a magnitude below
+        // `HUGE_MAGNITUDE` (so finite).
+        column.abs().all_within(0.0, HUGE_MAGNITUDE.next_down())
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn all_constant<V: Vector>(self, [base, min, max, _]: Check<V>) -> bool {
         // The first two clauses of `verdict` fail, and `min == max`.
         base.abs().all_within(0.0, f64::MAX)
@@ -345,6 +356,11 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
 
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn all_constant<V: Vector>(self, _check: Check<V>) -> bool {
+        false
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn all_single_constant<V: Vector>(self, _column: V) -> bool {
         false
     }
 
@@ -574,6 +590,10 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
             *column = A::load_column(rows, j, d);
         }
     }
+    if d == 1 && op.all_single_constant(scratch.columns[0]) {
+        fill_constant(op, destination, d);
+        return;
+    }
     let columns = scratch.columns.get(..d).unwrap_or(&[]);
     let check = op.outputs(columns, &mut scratch.outputs);
     if op.all_normalised(check) {
@@ -583,13 +603,7 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
         return;
     }
     if op.all_constant(check) {
-        let mut constant = [A::zero(); SHORT_ROW];
-        for (j, y) in constant.iter_mut().enumerate().take(d) {
-            *y = op.constant_output(j);
-        }
-        for row in destination.chunks_exact_mut(d) {
-            row.copy_from_slice(&constant[..d]);
-        }
+        fill_constant(op, destination, d);
         return;
     }
     let check = [
@@ -629,6 +643,18 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
                 None => op.general::<V>(Io::InPlace(row)),
             },
         }
+    }
+}
+
+/// Writes [`ShortOp::constant_output`] to every row of `destination`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn fill_constant<A: NormScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d: usize) {
+    let mut constant = [A::zero(); SHORT_ROW];
+    for (j, y) in constant.iter_mut().enumerate().take(d) {
+        *y = op.constant_output(j);
+    }
+    for row in destination.chunks_exact_mut(d) {
+        row.copy_from_slice(&constant[..d]);
     }
 }
 
