@@ -17,6 +17,9 @@
 //!   kept. The allocating forms (`layer_norm`, `rms_norm`) are compared with
 //!   "allocate + copy": a fresh `Array::zeros` filled by the copy, timed
 //!   together, since a fresh output costs a page fault per page either way.
+//! - `read (sum of x, baseline)` is no operation of the crate: it sums the
+//!   256 MiB input, a plain read of every element, and shows how close to
+//!   the copy an operation that only reads (`stats`) can come.
 //! - `vs naive` is how many times faster the operation is than the naive
 //!   ndarray version (`mean_axis`, `var_axis` and broadcasting, on one
 //!   thread), measured in the `cache` section and for d = 4 in `tiny` (it
@@ -103,6 +106,44 @@ fn copy_time<A: Elem>(dst: &mut [A], src: &[A], reps: usize, batch: usize) -> f6
         }));
     }
     t / batch as f64
+}
+
+/// Sum of `src` in 16 independent lanes: a plain read of every element.
+fn sum<A: Elem>(src: &[A]) -> A {
+    let mut lanes = [A::zero(); 16];
+    let mut chunks = src.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = *lane + v;
+        }
+    }
+    chunks.remainder().iter().fold(A::zero(), |a, &v| a + v)
+        + lanes.into_iter().fold(A::zero(), |a, v| a + v)
+}
+
+/// Seconds per plain read of `src` (a sum) on the current pool: the faster
+/// of a one-thread and a split read, best of `reps`. The ceiling of
+/// operations that only read, such as `stats`.
+fn read_time<A: Elem>(src: &[A], reps: usize) -> f64 {
+    let mut t = best(reps, || {
+        time(|| {
+            // Both ends opaque, so the sum is neither skipped nor moved
+            // out of the timing.
+            std::hint::black_box(sum(std::hint::black_box(src)));
+        })
+    });
+    if rayon::current_num_threads() > 1 {
+        t = t.min(best(reps, || {
+            time(|| {
+                let total = std::hint::black_box(src)
+                    .par_chunks(COPY_CHUNK)
+                    .map(sum)
+                    .reduce(A::zero, |a, b| a + b);
+                std::hint::black_box(total);
+            })
+        }));
+    }
+    t
 }
 
 /// Seconds per "allocate + copy" of `src` into a fresh array (the drop is
@@ -517,6 +558,29 @@ fn sections<A: Elem>(
             ..base(pools, big / 768, 768, Layout::C, &[Form::Stats])
         };
         stats.run(&input, &mut spare)?;
+        // What a pure read of the same 256 MiB reaches against the copy:
+        // the ceiling of `stats`, which only reads.
+        for (p, (threads, pool)) in pools.iter().enumerate() {
+            let (read_seconds, copy_seconds) =
+                pool.install(|| (read_time(&input, 3), copy_time(&mut spare, &input, 3, 1)));
+            let per_element = copy_seconds / big as f64;
+            let copy_seconds = big_baselines
+                .and_then(|b| b.get(p))
+                .map_or(per_element, |best| best.copy(per_element))
+                * big as f64;
+            print(Line {
+                op: "read (sum of x, baseline)",
+                dtype: A::NAME,
+                rows: big / 768,
+                d: 768,
+                threads: *threads,
+                bytes: big * elem,
+                seconds: read_seconds,
+                // The copy moves twice the bytes; scale it to one read.
+                copy_seconds: copy_seconds / 2.0,
+                naive_seconds: None,
+            });
+        }
     }
 
     if wanted.wants("cache") {
