@@ -162,6 +162,17 @@ trait ShortOp<A: NormScalar>: Copy {
     fn prefetch(self) -> bool;
 }
 
+/// Whether no lane fails the first clause of `LayerNormOp::verdict`: a
+/// finite `base`, and no magnitude of [`HUGE_MAGNITUDE`] or more.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn all_moderate<V: Vector>(base: V, min: V, max: V) -> bool {
+    base.abs().all_within(0.0, f64::MAX)
+        && min
+            .abs()
+            .max_select(max.abs())
+            .all_within(0.0, HUGE_MAGNITUDE.next_down())
+}
+
 /// The least square sum that [`ShortOp::all_normalised`] passes: tiny
 /// squares are handed to the long-row kernel unless `eps` hides them.
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -261,15 +272,10 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
 
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn all_normalised<V: Vector>(self, [base, min, max, squares]: Check<V>) -> bool {
-        // Each test implies its clause of `verdict`: a finite `base`, no
-        // magnitude of `HUGE_MAGNITUDE` or more, `max - min > 0` (so
+        // Each test implies its clause of `verdict`: `max - min > 0` (so
         // `min != max`), and squares that are finite and, unless `eps`
         // hides them, not tiny.
-        base.abs().all_within(0.0, f64::MAX)
-            && min
-                .abs()
-                .max_select(max.abs())
-                .all_within(0.0, HUGE_MAGNITUDE.next_down())
+        all_moderate(base, min, max)
             && (max - min).all_within(f64::from_bits(1), f64::INFINITY)
             && squares.all_within(squares_floor(self.eps), f64::MAX)
     }
@@ -284,13 +290,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
 
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn all_constant<V: Vector>(self, [base, min, max, _]: Check<V>) -> bool {
-        // The first two clauses of `verdict` fail, and `min == max`.
-        base.abs().all_within(0.0, f64::MAX)
-            && min
-                .abs()
-                .max_select(max.abs())
-                .all_within(0.0, HUGE_MAGNITUDE.next_down())
-            && (max - min).all_within(0.0, 0.0)
+        all_moderate(base, min, max) && (max - min).all_within(0.0, 0.0)
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
