@@ -475,6 +475,27 @@ mod tests {
                 check_blocks::<f64>(&values, rows, d);
                 check_blocks::<f32>(&values, rows, d);
             }
+            // Blocks of ordinary rows but one, whose elements alternate in
+            // sign at an edge of the quick block tests: the blocks must go
+            // to the per-row verdicts, or agree with them.
+            let edges = [
+                1e290,
+                1e290f64.next_down(),
+                0.0,
+                5e-324,
+                f64::INFINITY,
+                f64::NAN,
+            ];
+            let edge_rows = simd::LANES * edges.len() + 3;
+            let mut edged: Vec<f64> = (0..edge_rows * d).map(|_| next() * 8.0 + 1.0).collect();
+            for (block, &edge) in edges.iter().enumerate() {
+                let row = block * simd::LANES + block % simd::LANES;
+                for (j, x) in edged[row * d..(row + 1) * d].iter_mut().enumerate() {
+                    *x = if j % 2 == 0 { edge } else { -edge };
+                }
+            }
+            check_blocks::<f64>(&edged, edge_rows, d);
+            check_blocks::<f32>(&edged, edge_rows, d);
         }
     }
 

@@ -340,7 +340,7 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     fn verdict(self, [squares, ..]: [f64; 4], d: usize) -> Verdict {
         let fits = squares.is_finite()
             && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
-            && squares / d as f64 + self.eps != 0.0;
+            && squares * (1.0 / d as f64) + self.eps != 0.0;
         if fits {
             Verdict::Normalised
         } else {
@@ -351,7 +351,8 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn all_normalised<V: Vector>(self, [squares, ..]: Check<V>) -> bool {
         // Finite squares, not tiny unless `eps` hides them; either way
-        // `squares / d + eps` is then positive.
+        // `squares · (1 / d) + eps` is then positive, since `eps` is
+        // finite and not negative (checked before any kernel runs).
         squares.all_within(squares_floor(self.eps), f64::MAX)
     }
 
@@ -484,8 +485,9 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
         return;
     }
     let block = d * LANES;
-    // As in `long_rows`: the block about 4 KiB ahead (and its destination)
-    // is requested while this one is worked on.
+    // The block about 4 KiB ahead (and its destination, even when streamed:
+    // short rows are written with plain stores) is requested while this
+    // one is worked on. Hints past the end are harmless: they never fault.
     let ahead = cache::rows_ahead::<A>(block) * block;
     let prefetch = op.prefetch();
     match io {
