@@ -589,8 +589,14 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
 ) {
     {
         let rows = source.unwrap_or(&*destination);
-        for (j, column) in scratch.columns.iter_mut().enumerate().take(d) {
-            *column = A::load_column(rows, j, d);
+        // Rows of one element are one contiguous column: a plain load.
+        match <&[A; LANES]>::try_from(rows) {
+            Ok(column) if d == 1 => scratch.columns[0] = A::load(column),
+            _ => {
+                for (j, column) in scratch.columns.iter_mut().enumerate().take(d) {
+                    *column = A::load_column(rows, j, d);
+                }
+            }
         }
     }
     if d == 1 && op.all_single_constant(scratch.columns[0]) {
@@ -600,8 +606,13 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
     let columns = scratch.columns.get(..d).unwrap_or(&[]);
     let check = op.outputs(columns, &mut scratch.outputs);
     if op.all_normalised(check) {
-        for (j, &output) in scratch.outputs.iter().enumerate().take(d) {
-            A::store_column(output, destination, j, d);
+        match <&mut [A; LANES]>::try_from(&mut *destination) {
+            Ok(column) if d == 1 => A::store(scratch.outputs[0], column),
+            _ => {
+                for (j, &output) in scratch.outputs.iter().enumerate().take(d) {
+                    A::store_column(output, destination, j, d);
+                }
+            }
         }
         return;
     }
