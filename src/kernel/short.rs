@@ -587,18 +587,7 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
     op: Op,
     scratch: &mut Scratch<V>,
 ) {
-    {
-        let rows = source.unwrap_or(&*destination);
-        // Rows of one element are one contiguous column: a plain load.
-        match <&[A; LANES]>::try_from(rows) {
-            Ok(column) if d == 1 => scratch.columns[0] = A::load(column),
-            _ => {
-                for (j, column) in scratch.columns.iter_mut().enumerate().take(d) {
-                    *column = A::load_column(rows, j, d);
-                }
-            }
-        }
-    }
+    load_columns(source.unwrap_or(&*destination), d, &mut scratch.columns);
     if d == 1 && op.all_single_constant(scratch.columns[0]) {
         fill_constant(op, destination, d);
         return;
@@ -606,14 +595,7 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
     let columns = scratch.columns.get(..d).unwrap_or(&[]);
     let check = op.outputs(columns, &mut scratch.outputs);
     if op.all_normalised(check) {
-        match <&mut [A; LANES]>::try_from(&mut *destination) {
-            Ok(column) if d == 1 => A::store(scratch.outputs[0], column),
-            _ => {
-                for (j, &output) in scratch.outputs.iter().enumerate().take(d) {
-                    A::store_column(output, destination, j, d);
-                }
-            }
-        }
+        store_columns(&scratch.outputs, d, destination);
         return;
     }
     if op.all_constant(check) {
@@ -644,11 +626,7 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
                     *y = A::narrow(lane_values[r]);
                 }
             }
-            Verdict::Constant => {
-                for (j, y) in row.iter_mut().enumerate() {
-                    *y = op.constant_output(j);
-                }
-            }
+            Verdict::Constant => fill_constant(op, row, d),
             Verdict::General => match source {
                 Some(source) => op.general::<V>(Io::Copy {
                     input: row_of(source, r, d),
@@ -656,6 +634,35 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
                 }),
                 None => op.general::<V>(Io::InPlace(row)),
             },
+        }
+    }
+}
+
+/// Element `j` of the 16 rows of length `d` in `rows`, widened, into
+/// `columns[j]`. Rows of one element are one contiguous column: a plain
+/// load.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn load_columns<A: NormScalar, V: Vector>(rows: &[A], d: usize, columns: &mut [V; SHORT_ROW]) {
+    match <&[A; LANES]>::try_from(rows) {
+        Ok(column) if d == 1 => columns[0] = A::load(column),
+        _ => {
+            for (j, column) in columns.iter_mut().enumerate().take(d) {
+                *column = A::load_column(rows, j, d);
+            }
+        }
+    }
+}
+
+/// The inverse of [`load_columns`]: `columns[j]`, rounded, into element
+/// `j` of the 16 rows of length `d` in `rows`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn store_columns<A: NormScalar, V: Vector>(columns: &[V; SHORT_ROW], d: usize, rows: &mut [A]) {
+    match <&mut [A; LANES]>::try_from(&mut *rows) {
+        Ok(column) if d == 1 => A::store(columns[0], column),
+        _ => {
+            for (j, &column) in columns.iter().enumerate().take(d) {
+                A::store_column(column, rows, j, d);
+            }
         }
     }
 }

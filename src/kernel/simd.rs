@@ -8,6 +8,8 @@
 
 use std::ops::{Add, Div, Mul, Sub};
 
+use crate::scalar::NormScalar;
+
 /// Number of lanes of every vector, and so of every accumulator.
 pub(crate) const LANES: usize = 16;
 
@@ -116,12 +118,12 @@ pub trait Vector: Arith {
     /// Lanes whose element lies past the end of `rows` are dropped.
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store_column_f32(self, rows: &mut [f32], j: usize, d: usize) {
-        store_column_lanes(self.to_lanes(), rows, j, d, |value| value as f32);
+        store_column_lanes(self.to_lanes(), rows, j, d);
     }
     /// [`Vector::store_column_f32`] into `f64` rows.
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store_column_f64(self, rows: &mut [f64], j: usize, d: usize) {
-        store_column_lanes(self.to_lanes(), rows, j, d, |value| value);
+        store_column_lanes(self.to_lanes(), rows, j, d);
     }
     /// Lanes `width .. 2 · width` moved down to `0 .. width`, for `width`
     /// a power of two below `LANES`; the other lanes hold arbitrary values.
@@ -143,30 +145,23 @@ pub trait Vector: Arith {
 /// `rows[l · d + j]` widened in lane `l` (zero past the end of `rows`): the
 /// column loads of every vector type without a faster one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(crate) fn column_lanes<T: Copy + Into<f64>>(rows: &[T], j: usize, d: usize) -> Lanes {
+pub(crate) fn column_lanes<A: NormScalar>(rows: &[A], j: usize, d: usize) -> Lanes {
     let mut lanes = [0.0; LANES];
     for (l, lane) in lanes.iter_mut().enumerate() {
         if let Some(&x) = rows.get(l * d + j) {
-            *lane = x.into();
+            *lane = x.widen();
         }
     }
     lanes
 }
 
-/// Stores lane `l` through `narrow` as `rows[l · d + j]` (dropped past the
-/// end of `rows`): the column stores of every vector type without a faster
-/// one.
+/// Stores lane `l`, rounded once, as `rows[l · d + j]` (dropped past the end
+/// of `rows`): the column stores of every vector type without a faster one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(crate) fn store_column_lanes<T>(
-    lanes: Lanes,
-    rows: &mut [T],
-    j: usize,
-    d: usize,
-    narrow: impl Fn(f64) -> T,
-) {
+pub(crate) fn store_column_lanes<A: NormScalar>(lanes: Lanes, rows: &mut [A], j: usize, d: usize) {
     for (l, value) in lanes.into_iter().enumerate() {
         if let Some(y) = rows.get_mut(l * d + j) {
-            *y = narrow(value);
+            *y = A::narrow(value);
         }
     }
 }

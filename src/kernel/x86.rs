@@ -354,7 +354,7 @@ vector_type! {
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_column_f32(self, rows: &mut [f32], j: usize, d: usize) {
             if !column_fits(rows.len(), j, d) {
-                return store_column_lanes(self.to_lanes(), rows, j, d, |value| value as f32);
+                return store_column_lanes(self.to_lanes(), rows, j, d);
             }
             // SAFETY: as in `load_column_f32`; the offsets are distinct, so
             // no two lanes write the same element.
@@ -368,7 +368,7 @@ vector_type! {
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_column_f64(self, rows: &mut [f64], j: usize, d: usize) {
             if !column_fits(rows.len(), j, d) {
-                return store_column_lanes(self.to_lanes(), rows, j, d, |value| value);
+                return store_column_lanes(self.to_lanes(), rows, j, d);
             }
             // SAFETY: as in `store_column_f32`.
             unsafe {
