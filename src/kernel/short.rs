@@ -78,13 +78,19 @@ fn mean_split<T: Arith>(columns: &[T]) -> (T, T, T, T) {
         max = max.max_select(x);
     }
     let (high, low) = two_sum(high, low);
-    let base = high / d;
+    // `base` need not be the correctly rounded quotient: the exact remainder
+    // below makes up whatever it misses. Times the rounded `1 / d` it is
+    // within two ulps of `high / d` (the same bits when `d` is a power of
+    // two), and a division per row is saved.
+    let reciprocal = T::splat(1.0 / columns.len() as f64);
+    let base = high * reciprocal;
     let (product, product_err) = two_product(base, d);
-    // high - product is exact: product is within an ulp of high (Sterbenz).
-    // The remainder is tiny next to `base`, so multiplying it by the rounded
-    // `1 / d` rather than dividing adds one rounding to a correction that
-    // is itself below an ulp of the mean, and saves a division.
-    let shift = (((high - product) - product_err) + low) * T::splat(1.0 / columns.len() as f64);
+    // high - product is exact: product is within a few ulps of high, so
+    // within a factor of two (Sterbenz). The remainder is tiny next to
+    // `base`, so multiplying it by the rounded `1 / d` rather than dividing
+    // adds one rounding to a correction that is itself within two ulps of
+    // the mean.
+    let shift = (((high - product) - product_err) + low) * reciprocal;
     (base, shift, min, max)
 }
 
