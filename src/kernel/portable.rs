@@ -311,7 +311,8 @@ impl<V: Vector> Blend for BlockedSum<V> {
     }
 }
 
-/// An unevaluated sum `hi + lo` with `|lo|` at most half an ulp of `hi`.
+/// An unevaluated sum `hi + lo`, `|lo|` at most half an ulp of `hi` for a
+/// sum and a few ulps for a quotient.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Pair {
     pub(super) hi: f64,
@@ -322,15 +323,21 @@ impl Pair {
     /// `self / d` as a pair: the high part's remainder is computed exactly
     /// (Dekker's product), so the quotient is good to about 2⁻¹⁰⁴ relative.
     /// Requires `|hi| < 2⁹⁹⁰` so that the splitting cannot overflow.
+    ///
+    /// The high part is `hi` times the rounded `1 / d`, within two ulps of
+    /// the quotient, and the remainder makes up the difference: no division
+    /// waits on the row's sum (`1 / d` does not depend on it).
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn divide(self, d: f64) -> Pair {
-        let q = self.hi / d;
+        let reciprocal = 1.0 / d;
+        let q = self.hi * reciprocal;
         let (p, p_err) = two_product(q, d);
-        // hi - p is exact: p is within an ulp of hi (Sterbenz).
+        // hi - p is exact: p is within a few ulps of hi, so within a factor
+        // of two (Sterbenz).
         let remainder = ((self.hi - p) - p_err) + self.lo;
         Pair {
             hi: q,
-            lo: remainder / d,
+            lo: remainder * reciprocal,
         }
     }
 }
@@ -606,9 +613,10 @@ const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 /// of `eᵢ = xᵢ - base`, the plain sum of `eᵢ²`, and the distance from the
 /// estimated mean of the element closest to it. The correction
 /// `shift = Σ eᵢ / d` is then known to within
-/// `δ = (BLOCK + 8) · 2⁻⁵³ · (rms(e) + |shift|)`: `BLOCK` roundings of the
-/// block sums, at most 5 of the lane trees, the roundings of `eᵢ` and of the
-/// division, each bounded through `Σ |eᵢ| ≤ d · rms(e)`. An output `((xᵢ - base) - shift) · inv_std`
+/// `δ = (BLOCK + 9) · 2⁻⁵³ · (rms(e) + |shift|)`: `BLOCK` roundings of the
+/// block sums, at most 5 of the lane trees, the roundings of `eᵢ`, of `1 / d`
+/// and of the product by it, and one to spare, each bounded through
+/// `Σ |eᵢ| ≤ d · rms(e)`. An output `((xᵢ - base) - shift) · inv_std`
 /// then has a relative error below 2⁻²⁵ (so it rounds to within one `f32`
 /// ulp of the true value) whenever `|xᵢ - mean| ≥ 2²⁶ · δ`. The closest
 /// element certifies that for the whole row; if it cannot (an element sits
@@ -627,7 +635,7 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
     if !sum.is_finite() {
         return Some(Centring::NotFinite);
     }
-    let estimate = sum / d;
+    let estimate = sum * (1.0 / d);
     let base = A::narrow(estimate).widen();
     let correction = estimate - base;
     let fold = Deviations {
@@ -644,11 +652,11 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
     if squares == 0.0 {
         return Some(Centring::Constant);
     }
-    let shift = dev_sum.plain_total() / d;
-    let mean_square = squares / d;
+    let shift = dev_sum.plain_total() * (1.0 / d);
+    let mean_square = squares * (1.0 / d);
     let (closest, _) = lane_min_max(closest, closest);
     let shift_error =
-        (BLOCK as f64 + 8.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
+        (BLOCK as f64 + 9.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
     let needed = ((shift - correction).abs() + shift_error * (1.0 + 67_108_864.0)) * (1.0 + 1e-6);
     if closest.is_nan() || needed.is_nan() || closest < needed {
         return None;
@@ -749,7 +757,7 @@ pub(super) fn variance(squares: f64, d: f64, shift: f64, eps: f64) -> Variance {
     if !squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY) {
         return Variance::Rescale;
     }
-    let mean_square = squares / d;
+    let mean_square = squares * (1.0 / d);
     if shift * shift <= mean_square * SHIFT_TOLERANCE {
         Variance::Short(mean_square - shift * shift)
     } else {
@@ -791,7 +799,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
     {
         return None;
     }
-    let mean_square = squares / d;
+    let mean_square = squares * (1.0 / d);
     let var = if shift * shift <= mean_square * SHIFT_TOLERANCE {
         mean_square - shift * shift
     } else {
@@ -824,7 +832,7 @@ pub(super) fn rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn rms_from_squares(squares: f64, d: f64, eps: f64) -> Option<(f64, f64)> {
     (squares.is_finite() && !(squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
-        .then(|| (1.0, inverse_root(squares / d, eps, 1.0)))
+        .then(|| (1.0, inverse_root(squares * (1.0 / d), eps, 1.0)))
 }
 
 /// [`rms_scaling`] of a row whose squares overflow or underflow. Rare.
@@ -843,7 +851,7 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
     }
     let scale = scale_towards_one(magnitude);
     let scaled_squares = square_sum::<A, V, _>(x, Scaled(scale));
-    Some((scale, inverse_root(scaled_squares / d, eps, scale)))
+    Some((scale, inverse_root(scaled_squares * (1.0 / d), eps, scale)))
 }
 
 /// `(mean, rms)` of one row (`x` non-empty).
