@@ -20,9 +20,10 @@ pub trait RowStatsExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ///        d  i=1                 ⎝ d  i=1    ⎠
     /// ```
     ///
-    /// Both are accumulated in `f64` (the mean with a corrected two-pass
-    /// sum, the square sum compensated and rescaled by a power of two where
-    /// `f64` squares would overflow or underflow) and rounded once. The rms
+    /// Both are accumulated in `f64` and rounded once: the mean from a
+    /// compensated sum divided with an exact remainder, the square sum (whose
+    /// terms cannot cancel) from short plain sums, rescaled by a power of two
+    /// where `f64` squares would overflow or underflow. The rms
     /// is of `x` itself, not of `x - x̄`. A row holding a NaN or an infinity
     /// follows IEEE arithmetic: NaN, or ±∞ where all infinities share a
     /// sign.

@@ -204,8 +204,7 @@ pub(crate) enum Gain<'a, A> {
 }
 
 impl<'a, A: NormScalar> Gain<'a, A> {
-    /// The gains `γ` or `1 + w` in `f64`, padded with zeros to whole
-    /// vectors, as the backward kernels take them.
+    /// [`widen_into`](Self::widen_into) a new vector.
     #[cfg(test)]
     pub(crate) fn widened(self) -> Vec<f64> {
         let mut gain = Vec::new();
@@ -213,7 +212,9 @@ impl<'a, A: NormScalar> Gain<'a, A> {
         gain
     }
 
-    /// [`widened`](Self::widened) into `gain`, reusing its memory.
+    /// The gains `γ` or `1 + w` in `f64`, padded with zeros to whole
+    /// vectors, as the backward kernels take them, into `gain`, reusing its
+    /// memory.
     pub(crate) fn widen_into(self, gain: &mut Vec<f64>) {
         let (Gain::Gamma(weights) | Gain::OnePlus(weights)) = self;
         gain.clear();
@@ -232,7 +233,7 @@ impl<'a, A: NormScalar> Gain<'a, A> {
 
 /// What a backward block reads: `x` and `dy` (the same number of rows of
 /// length `d`) and the `d` gains (`γ` or `1 + w`) in `f64`, padded with
-/// zeros to whole vectors ([`Gain::widened`]), and whether the call is
+/// zeros to whole vectors ([`Gain::widen_into`]), and whether the call is
 /// large enough to ask the cache for rows ahead
 /// ([`cache::worth_prefetching`]).
 #[derive(Clone, Copy)]

@@ -230,7 +230,7 @@ dispatch! {
 
 dispatch! { in backward:
     /// LayerNorm of a block of rows of length `d` (`x` and `y` of the same
-    /// length), with the bits of [`layer_norm_row`], saving each row's
+    /// length), with the bits of [`layer_norm_rows`], saving each row's
     /// statistics in `stats` (one entry per row).
     pub(crate) fn layer_norm_train_block<A>(
         x: &[A],
@@ -244,7 +244,7 @@ dispatch! { in backward:
 
 dispatch! { in backward:
     /// RMSNorm of a block of rows of length `d`, with the bits of
-    /// [`rms_norm_row`], saving each row's statistics in `stats`.
+    /// [`rms_norm_rows`], saving each row's statistics in `stats`.
     pub(crate) fn rms_norm_train_block<A>(
         x: &[A],
         y: &mut [A],

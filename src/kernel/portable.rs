@@ -858,7 +858,7 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
 ///
 /// The mean is the compensated sum divided by `d` with an exact remainder,
 /// so it is within about half an ulp of the true mean; the rms is the root
-/// of the compensated square sum. A row holding a NaN or an infinity gets
+/// of the blocked square sum (short rows: see [`short::row_stats`]). A row holding a NaN or an infinity gets
 /// IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
 #[cfg_attr(not(debug_assertions), inline(always))]
