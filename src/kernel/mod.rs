@@ -462,10 +462,11 @@ mod tests {
     #[test]
     fn blocks_of_rows_give_the_bits_of_single_rows() {
         for d in [1, 2, 3, 5, 8, 15, 16, 17, 40, 100] {
-            let rows = 37; // two blocks of 16 and a remainder
-                           // Mixed blocks, whose special rows the vector pass leaves to
-                           // the long-row kernel; blocks of ordinary rows only, which it
-                           // writes whole; blocks of constant rows only.
+            // Two blocks of 16 and a remainder. Mixed blocks, whose special
+            // rows the vector pass leaves to the long-row kernel; blocks of
+            // ordinary rows only, which it writes whole; blocks of constant
+            // rows only.
+            let rows = 37;
             let mut next = random(d);
             let ordinary: Vec<f64> = (0..rows * d).map(|_| next() * 8.0 + 1.0).collect();
             let constant: Vec<f64> = (0..rows * d)

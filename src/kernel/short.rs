@@ -706,12 +706,8 @@ fn fill_constant<A: NormScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d
 /// `(mean, rms)` of one short row.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
-    let mut values = [0.0f64; SHORT_ROW];
-    for (slot, &v) in values.iter_mut().zip(x) {
-        *slot = v.widen();
-    }
-    let columns = &values[..x.len().min(SHORT_ROW)];
-    let d = columns.len();
+    let (values, d) = widened(x);
+    let columns = values.get(..d).unwrap_or(&[]);
     let (base, shift, min, max) = mean_split(columns);
     let squares = square_sum(columns, 0.0, 0.0);
     let fits = base.is_finite()
