@@ -63,7 +63,7 @@ pub(crate) fn into_l2_for_reading<A>(start: *const A, len: usize) {
 /// Asks for the `len` elements from `start` to be brought into cache for
 /// writing (read for ownership ahead of the stores).
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn for_writing<A>(start: *const A, len: usize) {
+pub(crate) fn for_writing<A>(start: *const A, len: usize) {
     for line in lines(start, len) {
         hint_write(line);
     }

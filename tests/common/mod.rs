@@ -238,13 +238,18 @@ pub fn eps<A: TestFloat>() -> impl Strategy<Value = A> {
 /// The same logical array in several memory layouts, all of dimension `D`.
 ///
 /// `views` yields, always, C order, Fortran order, a stepped slice of an
-/// array with twice as many columns (`s![.., ..;2]` along the last axis)
-/// and a view with every axis reversed (negative strides) of a reversed
-/// copy; and when every row is equal, also a broadcast view of that one row.
+/// array with twice as many columns (`s![.., ..;2]` along the last axis),
+/// the first half of the columns of such an array (`s![.., ..d]`: each row
+/// contiguous, with a gap after it), every other index of the first axis
+/// (`s![..;2, ..]`: rows contiguous, and in 3-D each panel too) and a view
+/// with every axis reversed (negative strides) of a reversed copy; and when
+/// every row is equal, also a broadcast view of that one row.
 pub struct Layouts<A, D: Dimension> {
     c: Array<A, D>,
     f: Array<A, D>,
     wide: Array<A, D>,
+    apart: Array<A, D>,
+    alternate: Array<A, D>,
     reversed: Array<A, D>,
     row: Option<Array1<A>>,
 }
@@ -264,6 +269,15 @@ impl<A: TestFloat, D: Dimension> Layouts<A, D> {
         wide_dim[last.index()] *= 2;
         let mut wide = Array::from_elem(wide_dim, junk);
         wide.slice_axis_mut(last, Slice::new(0, None, 2)).assign(a);
+        let mut apart = Array::from_elem(wide.raw_dim(), junk);
+        apart.slice_axis_mut(last, first_half(a, last)).assign(a);
+
+        let mut tall_dim = dim.clone();
+        tall_dim[0] *= 2;
+        let mut alternate = Array::from_elem(tall_dim, junk);
+        alternate
+            .slice_axis_mut(Axis(0), Slice::new(0, None, 2))
+            .assign(a);
 
         let mut flipped = a.view();
         for axis in 0..a.ndim() {
@@ -283,6 +297,8 @@ impl<A: TestFloat, D: Dimension> Layouts<A, D> {
             c,
             f,
             wide,
+            apart,
+            alternate,
             reversed,
             row,
         }
@@ -296,6 +312,15 @@ impl<A: TestFloat, D: Dimension> Layouts<A, D> {
     fn stepped(&self) -> ArrayView<'_, A, D> {
         let last = Axis(self.c.ndim() - 1);
         self.wide.slice_axis(last, Slice::new(0, None, 2))
+    }
+
+    fn rows_apart(&self) -> ArrayView<'_, A, D> {
+        let last = Axis(self.c.ndim() - 1);
+        self.apart.slice_axis(last, first_half(&self.c, last))
+    }
+
+    fn every_other(&self) -> ArrayView<'_, A, D> {
+        self.alternate.slice_axis(Axis(0), Slice::new(0, None, 2))
     }
 
     fn negative(&self) -> ArrayView<'_, A, D> {
@@ -313,6 +338,8 @@ impl<A: TestFloat, D: Dimension> Layouts<A, D> {
             ("C order", self.c.view()),
             ("Fortran order", self.f.view()),
             ("stepped slice", self.stepped()),
+            ("rows apart", self.rows_apart()),
+            ("every other row", self.every_other()),
             ("negative strides", self.negative()),
         ];
         if let Some(row) = &self.row {
@@ -337,6 +364,7 @@ impl<A: TestFloat, D: Dimension> Layouts<A, D> {
         for axis in 0..negative.ndim() {
             negative.invert_axis(Axis(axis));
         }
+        let half = first_half(&self.c, last);
         vec![
             ("C order", self.c.view_mut()),
             ("Fortran order", self.f.view_mut()),
@@ -344,20 +372,39 @@ impl<A: TestFloat, D: Dimension> Layouts<A, D> {
                 "stepped slice",
                 self.wide.slice_axis_mut(last, Slice::new(0, None, 2)),
             ),
+            ("rows apart", self.apart.slice_axis_mut(last, half)),
+            (
+                "every other row",
+                self.alternate
+                    .slice_axis_mut(Axis(0), Slice::new(0, None, 2)),
+            ),
             ("negative strides", negative),
         ]
     }
 
-    /// True when the odd positions along the last axis of the stepped
-    /// layout's backing array still hold [`JUNK`].
+    /// True when the positions of the backing arrays outside the strided
+    /// layouts (the odd positions along the last axis of the stepped one,
+    /// the second half of the columns behind the rows apart, the odd
+    /// indices of the first axis behind every other row) still hold
+    /// [`JUNK`].
     pub fn junk_intact(&self) -> bool {
         let last = Axis(self.c.ndim() - 1);
         let junk = A::from_wide(JUNK).bits();
-        self.wide
-            .slice_axis(last, Slice::new(1, None, 2))
+        let len = self.c.len_of(last) as isize;
+        let untouched = [
+            self.wide.slice_axis(last, Slice::new(1, None, 2)),
+            self.apart.slice_axis(last, Slice::new(len, None, 1)),
+            self.alternate.slice_axis(Axis(0), Slice::new(1, None, 2)),
+        ];
+        untouched
             .iter()
-            .all(|v| v.bits() == junk)
+            .all(|view| view.iter().all(|v| v.bits() == junk))
     }
+}
+
+/// The first `a.len_of(axis)` indices of an axis twice as long.
+fn first_half<A, D: Dimension>(a: &Array<A, D>, axis: Axis) -> Slice {
+    Slice::new(0, Some(a.len_of(axis) as isize), 1)
 }
 
 /// Arrays of shape `dim` in several layouts, filled with [`JUNK`], to
