@@ -29,9 +29,11 @@
 //!
 //! Sections: `out` (out of cache: `x` of 256 MiB, d = 64 to 16384), `cache`
 //! (`x` of about 256 KiB, the operation repeated), `tiny` (d = 1 to 16, many
-//! rows, all cores) and `strided` (Fortran-order and `s![.., ..;2]` inputs of
-//! 256 MiB; compare with the contiguous rows of `out`). `threads` is 1 or
-//! all cores (`rayon::ThreadPool::install`).
+//! rows, all cores) and `strided` (Fortran-order inputs of 256 MiB, marked
+//! `[F]`, and inputs of 128 MiB taking every other element of each row,
+//! `[..;2]`, or every other row, `[..;2,]`; compare with the contiguous rows
+//! of `out` and `tiny`). `threads` is 1 or all cores
+//! (`rayon::ThreadPool::install`).
 //!
 //! Out of cache, the copy is timed again next to every case and the best
 //! copy seen so far in the section is the baseline (the machine may be
@@ -237,6 +239,9 @@ enum Layout {
     Fortran,
     /// Every other column of a `rows × 2d` C-order array.
     Step2,
+    /// Every other row of a `2rows × d` C-order array: each row
+    /// contiguous, with a gap of one row after it.
+    RowStep2,
 }
 
 /// One group of measurements: every form of both norms on `rows × d`
@@ -337,10 +342,14 @@ impl Case<'_> {
                 x_storage = fill(2 * len);
                 ArrayView2::from_shape((rows, 2 * d), &x_storage[..])?.slice_move(s![.., ..;2])
             }
+            Layout::RowStep2 => {
+                x_storage = fill(2 * len);
+                ArrayView2::from_shape((2 * rows, d), &x_storage[..])?.slice_move(s![..;2, ..])
+            }
         };
         // The in-place forms work on a copy in the same layout.
         let mut work: Vec<A> = match self.layout {
-            Layout::Step2 => fill(2 * len),
+            Layout::Step2 | Layout::RowStep2 => fill(2 * len),
             _ => src.to_vec(),
         };
 
@@ -399,6 +408,8 @@ impl Case<'_> {
                     Layout::Fortran => ArrayViewMut2::from_shape((rows, d).f(), &mut work[..])?,
                     Layout::Step2 => ArrayViewMut2::from_shape((rows, 2 * d), &mut work[..])?
                         .slice_move(s![.., ..;2]),
+                    Layout::RowStep2 => ArrayViewMut2::from_shape((2 * rows, d), &mut work[..])?
+                        .slice_move(s![..;2, ..]),
                 };
                 let mut status: Result<(), NormError> = Ok(());
                 let seconds = pool.install(|| {
@@ -449,6 +460,7 @@ impl Case<'_> {
                     Layout::C => form.name().to_string(),
                     Layout::Fortran => format!("{} [F]", form.name()),
                     Layout::Step2 => format!("{} [..;2]", form.name()),
+                    Layout::RowStep2 => format!("{} [..;2,]", form.name()),
                 };
                 print(Line {
                     op: &label,
@@ -635,6 +647,20 @@ fn sections<A: Elem>(
             let case = Case {
                 baselines: big_baselines,
                 ..base(pools, rows, 768, layout, forms)
+            };
+            case.run(&input, &mut spare)?;
+        }
+        // Every other row: short rows, and rows of 3 KiB.
+        for d in [8, 768] {
+            let case = Case {
+                baselines: big_baselines,
+                ..base(
+                    pools,
+                    big / 2 / d,
+                    d,
+                    Layout::RowStep2,
+                    &[Form::LayerNormInto, Form::LayerNormInplace],
+                )
             };
             case.run(&input, &mut spare)?;
         }
