@@ -6,8 +6,12 @@
 //! closest in memory. The array is then cut into 2-D panels (block axis ×
 //! row), and each panel is processed in blocks of a few dozen rows:
 //!
-//! - rows that are contiguous in logical order are handed to the kernel
-//!   where they lie;
+//! - a panel whose rows lie back to back (as after a step along an outer
+//!   axis) is handed to the kernel whole, in one call;
+//! - other rows that are contiguous in logical order are handed to the
+//!   kernel where they lie, one by one with hints for the rows ahead
+//!   ([`RowsAhead`]), unless they are short: short rows are gathered as
+//!   below, so that the kernel gets many at a time ([`gathered`]);
 //! - otherwise the block is gathered into a small row-major buffer, reused
 //!   for every block of the task, by walking memory in order (in tiles of a
 //!   few neighbouring columns when neighbouring rows are closer in memory
