@@ -12,9 +12,10 @@
 //! (`copy_from_slice` of the same bytes into a preallocated buffer) and
 //! `naive` (`mean_axis` / `var_axis` / broadcasting). Every input holds
 //! about 4 MiB; the layouts are `c` (contiguous), `step2` (`s![.., ..;2]`
-//! of a twice-as-wide array) and `f` (Fortran order). Throughput counts the
-//! input read once and the output written once. The operations run on
-//! rayon's global pool (set `RAYON_NUM_THREADS` to change it).
+//! of a twice-as-wide array), `rowstep2` (`s![..;2, ..]` of a twice-as-tall
+//! array: rows contiguous, with gaps) and `f` (Fortran order). Throughput
+//! counts the input read once and the output written once. The operations
+//! run on rayon's global pool (set `RAYON_NUM_THREADS` to change it).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -46,6 +47,7 @@ enum Op {
 enum Layout {
     C,
     Step2,
+    RowStep2,
     Fortran,
 }
 
@@ -54,6 +56,7 @@ impl Layout {
         match self {
             Layout::C => "c",
             Layout::Step2 => "step2",
+            Layout::RowStep2 => "rowstep2",
             Layout::Fortran => "f",
         }
     }
@@ -64,6 +67,7 @@ impl Layout {
         match self {
             Layout::C => Array2::from_shape_fn((rows, d), value),
             Layout::Step2 => Array2::from_shape_fn((rows, 2 * d), value),
+            Layout::RowStep2 => Array2::from_shape_fn((2 * rows, d), value),
             Layout::Fortran => Array2::from_shape_fn((rows, d).f(), value),
         }
     }
@@ -71,6 +75,7 @@ impl Layout {
     fn view<A>(self, storage: &Array2<A>) -> ArrayView2<'_, A> {
         match self {
             Layout::Step2 => storage.slice(s![.., ..;2]),
+            Layout::RowStep2 => storage.slice(s![..;2, ..]),
             _ => storage.view(),
         }
     }
@@ -78,6 +83,7 @@ impl Layout {
     fn view_mut<A>(self, storage: &mut Array2<A>) -> ArrayViewMut2<'_, A> {
         match self {
             Layout::Step2 => storage.slice_mut(s![.., ..;2]),
+            Layout::RowStep2 => storage.slice_mut(s![..;2, ..]),
             _ => storage.view_mut(),
         }
     }
@@ -101,7 +107,7 @@ fn bench_op<A: Elem>(c: &mut Criterion, op: Op) {
         let src = vec![A::narrow(0.5); len];
         let mut dst = vec![A::zero(); len];
         let mut out = Array2::<A>::zeros((rows, d));
-        for layout in [Layout::C, Layout::Step2, Layout::Fortran] {
+        for layout in [Layout::C, Layout::Step2, Layout::RowStep2, Layout::Fortran] {
             let storage = layout.storage::<A>(rows, d);
             let x = layout.view(&storage);
             let mut work = storage.clone();
