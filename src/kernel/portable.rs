@@ -320,26 +320,34 @@ pub(super) struct Pair {
 }
 
 impl Pair {
-    /// `self / d` as a pair: the high part's remainder is computed exactly
-    /// (Dekker's product), so the quotient is good to about 2⁻¹⁰⁴ relative.
-    /// Requires `|hi| < 2⁹⁹⁰` so that the splitting cannot overflow.
-    ///
-    /// The high part is `hi` times the rounded `1 / d`, within two ulps of
-    /// the quotient, and the remainder makes up the difference: no division
-    /// waits on the row's sum (`1 / d` does not depend on it).
+    /// `self / d` as a pair ([`divide_split`]).
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn divide(self, d: f64) -> Pair {
-        let reciprocal = 1.0 / d;
-        let q = self.hi * reciprocal;
-        let (p, p_err) = two_product(q, d);
-        // hi - p is exact: p is within a few ulps of hi, so within a factor
-        // of two (Sterbenz).
-        let remainder = ((self.hi - p) - p_err) + self.lo;
-        Pair {
-            hi: q,
-            lo: remainder * reciprocal,
-        }
+        let (hi, lo) = divide_split(self.hi, self.lo, d);
+        Pair { hi, lo }
     }
+}
+
+/// `(hi + lo) / d` as an unevaluated `q + r`, per lane: the remainder of the
+/// high part is computed exactly (Dekker's product), so the quotient is good
+/// to about 2⁻¹⁰⁴ relative. Requires `|hi| < 2⁹⁹⁰` so that the splitting
+/// cannot overflow.
+///
+/// `q` is `hi` times the rounded `1 / d`, within two ulps of the quotient
+/// (the same bits when `d` is a power of two), and the remainder makes up
+/// the difference: no division waits on the row's sum (`1 / d` does not
+/// depend on it). The remainder is tiny next to `q`, so multiplying it by
+/// the rounded `1 / d` adds one rounding to a correction that is itself
+/// within two ulps of the quotient.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn divide_split<T: Arith>(hi: T, lo: T, d: f64) -> (T, T) {
+    let reciprocal = T::splat(1.0 / d);
+    let q = hi * reciprocal;
+    let (p, p_err) = two_product(q, T::splat(d));
+    // hi - p is exact: p is within a few ulps of hi, so within a factor of
+    // two (Sterbenz).
+    let remainder = ((hi - p) - p_err) + lo;
+    (q, remainder * reciprocal)
 }
 
 /// Veltkamp's split: `a == hi + lo` with both halves of 26 bits or fewer.
@@ -353,7 +361,7 @@ fn split<T: Arith>(a: T) -> (T, T) {
 /// Dekker's TwoProduct without FMA: `p + err == a * b` exactly (barring
 /// underflow).
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn two_product<T: Arith>(a: T, b: T) -> (T, T) {
+fn two_product<T: Arith>(a: T, b: T) -> (T, T) {
     let p = a * b;
     let (a_hi, a_lo) = split(a);
     let (b_hi, b_lo) = split(b);
@@ -858,8 +866,8 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
 ///
 /// The mean is the compensated sum divided by `d` with an exact remainder,
 /// so it is within about half an ulp of the true mean; the rms is the root
-/// of the blocked square sum (short rows: see [`short::row_stats`]). A row holding a NaN or an infinity gets
-/// IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
+/// of the blocked square sum (short rows: see [`short::row_stats`]). A row
+/// holding a NaN or an infinity gets IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {

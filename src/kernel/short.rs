@@ -36,9 +36,9 @@
 //! 1.2.
 
 use super::portable::{
-    centring as long_centring, general_row_stats, rms_scaling as portable_rms_scaling, two_product,
-    two_sum, write_layer_norm, write_rms_norm, Centring, EPS_HIDES_TINY, HUGE_MAGNITUDE,
-    TINY_SQUARES,
+    centring as long_centring, divide_split, general_row_stats,
+    rms_scaling as portable_rms_scaling, two_sum, write_layer_norm, write_rms_norm, Centring,
+    EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{cache, Affine, Io, Params};
@@ -85,7 +85,6 @@ fn centred_square<T: Arith>(x: T, base: T, shift: T) -> T {
 /// `S / d = base + shift` with the extremes (steps 1 and 2).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn mean_split<T: Arith>(columns: &[T]) -> (T, T, T, T) {
-    let d = T::splat(columns.len() as f64);
     let first = columns.first().copied().unwrap_or(T::splat(0.0));
     let (mut high, mut low, mut min, mut max) = (first, T::splat(0.0), first, first);
     for &x in columns.iter().skip(1) {
@@ -96,19 +95,7 @@ fn mean_split<T: Arith>(columns: &[T]) -> (T, T, T, T) {
         max = max.max_select(x);
     }
     let (high, low) = two_sum(high, low);
-    // `base` need not be the correctly rounded quotient: the exact remainder
-    // below makes up whatever it misses. Times the rounded `1 / d` it is
-    // within two ulps of `high / d` (the same bits when `d` is a power of
-    // two), and a division per row is saved.
-    let reciprocal = T::splat(1.0 / columns.len() as f64);
-    let base = high * reciprocal;
-    let (product, product_err) = two_product(base, d);
-    // high - product is exact: product is within a few ulps of high, so
-    // within a factor of two (Sterbenz). The remainder is tiny next to
-    // `base`, so multiplying it by the rounded `1 / d` rather than dividing
-    // adds one rounding to a correction that is itself within two ulps of
-    // the mean.
-    let shift = (((high - product) - product_err) + low) * reciprocal;
+    let (base, shift) = divide_split(high, low, columns.len() as f64);
     (base, shift, min, max)
 }
 
