@@ -542,7 +542,9 @@ fn sections<A: Elem>(
         rows,
         d,
         layout,
-        reps: 3,
+        // Out of cache, best of two: with a third the whole run takes over a
+        // minute on a loaded machine.
+        reps: 2,
         batch: 1,
         forms,
         naive: false,
