@@ -50,13 +50,13 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
     #[doc(hidden)]
     fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]);
     /// Loads element `j` of 16 consecutive rows of `d` elements into the
-    /// lanes of a kernel vector, widening exactly.
+    /// lanes of `columns[j]`, for every `j < d`, widening exactly.
     #[doc(hidden)]
-    fn load_column<V: Vector>(rows: &[Self], j: usize, d: usize) -> V;
-    /// Stores the lanes of a kernel vector as element `j` of 16 consecutive
-    /// rows of `d` elements, rounding each lane once.
+    fn load_columns<V: Vector>(rows: &[Self], d: usize, columns: &mut [V; LANES]);
+    /// Stores the lanes of `columns[j]` as element `j` of 16 consecutive
+    /// rows of `d` elements, for every `j < d`, rounding each lane once.
     #[doc(hidden)]
-    fn store_column<V: Vector>(value: V, rows: &mut [Self], j: usize, d: usize);
+    fn store_columns<V: Vector>(columns: &[V; LANES], rows: &mut [Self], d: usize);
 }
 
 impl NormScalar for f32 {
@@ -81,12 +81,12 @@ impl NormScalar for f32 {
         value.stream_f32(chunk)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load_column<V: Vector>(rows: &[Self], j: usize, d: usize) -> V {
-        V::load_column_f32(rows, j, d)
+    fn load_columns<V: Vector>(rows: &[Self], d: usize, columns: &mut [V; LANES]) {
+        V::load_columns_f32(rows, d, columns)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn store_column<V: Vector>(value: V, rows: &mut [Self], j: usize, d: usize) {
-        value.store_column_f32(rows, j, d)
+    fn store_columns<V: Vector>(columns: &[V; LANES], rows: &mut [Self], d: usize) {
+        V::store_columns_f32(columns, rows, d)
     }
 }
 
@@ -112,11 +112,11 @@ impl NormScalar for f64 {
         value.stream_f64(chunk)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load_column<V: Vector>(rows: &[Self], j: usize, d: usize) -> V {
-        V::load_column_f64(rows, j, d)
+    fn load_columns<V: Vector>(rows: &[Self], d: usize, columns: &mut [V; LANES]) {
+        V::load_columns_f64(rows, d, columns)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn store_column<V: Vector>(value: V, rows: &mut [Self], j: usize, d: usize) {
-        value.store_column_f64(rows, j, d)
+    fn store_columns<V: Vector>(columns: &[V; LANES], rows: &mut [Self], d: usize) {
+        V::store_columns_f64(columns, rows, d)
     }
 }

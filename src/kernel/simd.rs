@@ -125,6 +125,36 @@ pub trait Vector: Arith {
     fn store_column_f64(self, rows: &mut [f64], j: usize, d: usize) {
         store_column_lanes(self.to_lanes(), rows, j, d);
     }
+    /// Every column `j < d` of 16 consecutive rows of `d` elements
+    /// (`d <= LANES`) into `columns[j]`, as [`Vector::load_column_f32`].
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
+        for (j, column) in columns.iter_mut().enumerate().take(d) {
+            *column = Self::load_column_f32(rows, j, d);
+        }
+    }
+    /// [`Vector::load_columns_f32`] of `f64` rows.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_columns_f64(rows: &[f64], d: usize, columns: &mut [Self; LANES]) {
+        for (j, column) in columns.iter_mut().enumerate().take(d) {
+            *column = Self::load_column_f64(rows, j, d);
+        }
+    }
+    /// The inverse of [`Vector::load_columns_f32`]: `columns[j]` for every
+    /// `j < d` as [`Vector::store_column_f32`] stores it.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_columns_f32(columns: &[Self; LANES], rows: &mut [f32], d: usize) {
+        for (j, column) in columns.iter().enumerate().take(d) {
+            column.store_column_f32(rows, j, d);
+        }
+    }
+    /// [`Vector::store_columns_f32`] into `f64` rows.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
+        for (j, column) in columns.iter().enumerate().take(d) {
+            column.store_column_f64(rows, j, d);
+        }
+    }
     /// Lanes `width .. 2 · width` moved down to `0 .. width`, for `width`
     /// a power of two below `LANES`; the other lanes hold arbitrary values.
     /// One step of the halving tree that reduces a vector to one lane.

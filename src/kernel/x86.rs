@@ -378,7 +378,256 @@ vector_type! {
                 _mm512_i32scatter_pd::<8>(start, _mm512_extracti64x4_epi64::<1>(offsets), self.0[1]);
             }
         }
+        // Whole blocks of 16 rows of 2, 4, 8 or 16 elements are transposed
+        // in registers (see `rows_to_columns`) instead of gathered and
+        // scattered one column at a time.
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
+            match (d, rows.len() == LANES * d) {
+                (2, true) => load_f32_columns::<2>(rows, columns),
+                (4, true) => load_f32_columns::<4>(rows, columns),
+                (8, true) => load_f32_columns::<8>(rows, columns),
+                (16, true) => load_f32_columns::<16>(rows, columns),
+                _ => {
+                    for (j, column) in columns.iter_mut().enumerate().take(d) {
+                        *column = Self::load_column_f32(rows, j, d);
+                    }
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_columns_f64(rows: &[f64], d: usize, columns: &mut [Self; LANES]) {
+            match (d, rows.len() == LANES * d) {
+                (2, true) => load_f64_columns::<2>(rows, columns),
+                (4, true) => load_f64_columns::<4>(rows, columns),
+                (8, true) => load_f64_columns::<8>(rows, columns),
+                (16, true) => load_f64_columns::<16>(rows, columns),
+                _ => {
+                    for (j, column) in columns.iter_mut().enumerate().take(d) {
+                        *column = Self::load_column_f64(rows, j, d);
+                    }
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_columns_f32(columns: &[Self; LANES], rows: &mut [f32], d: usize) {
+            match (d, rows.len() == LANES * d) {
+                (2, true) => store_f32_columns::<2>(columns, rows),
+                (4, true) => store_f32_columns::<4>(columns, rows),
+                (8, true) => store_f32_columns::<8>(columns, rows),
+                (16, true) => store_f32_columns::<16>(columns, rows),
+                _ => {
+                    for (j, column) in columns.iter().enumerate().take(d) {
+                        column.store_column_f32(rows, j, d);
+                    }
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
+            match (d, rows.len() == LANES * d) {
+                (2, true) => store_f64_columns::<2>(columns, rows),
+                (4, true) => store_f64_columns::<4>(columns, rows),
+                (8, true) => store_f64_columns::<8>(columns, rows),
+                (16, true) => store_f64_columns::<16>(columns, rows),
+                _ => {
+                    for (j, column) in columns.iter().enumerate().take(d) {
+                        column.store_column_f64(rows, j, d);
+                    }
+                }
+            }
+        }
     },
+}
+
+/// An AVX-512 register of `f32` or `f64` lanes, as [`rows_to_columns`]
+/// moves them.
+trait Interleave: Copy {
+    /// The even elements of `self` followed by `next`, and the odd ones.
+    fn split_even_odd(self, next: Self) -> (Self, Self);
+    /// The inverse of [`Interleave::split_even_odd`].
+    fn interleave(even: Self, odd: Self) -> (Self, Self);
+}
+
+impl Interleave for __m512 {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_even_odd(self, next: Self) -> (Self, Self) {
+        // SAFETY: only reached from the methods of `Avx512`: module docs.
+        unsafe {
+            let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+            (
+                _mm512_permutex2var_ps(self, even, next),
+                _mm512_permutex2var_ps(self, odd, next),
+            )
+        }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        // SAFETY: as in `split_even_odd`.
+        unsafe {
+            let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            let high =
+                _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+            (
+                _mm512_permutex2var_ps(even, low, odd),
+                _mm512_permutex2var_ps(even, high, odd),
+            )
+        }
+    }
+}
+
+impl Interleave for __m512d {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_even_odd(self, next: Self) -> (Self, Self) {
+        // SAFETY: as for `__m512`.
+        unsafe {
+            let even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+            let odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+            (
+                _mm512_permutex2var_pd(self, even, next),
+                _mm512_permutex2var_pd(self, odd, next),
+            )
+        }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        // SAFETY: as for `__m512`.
+        unsafe {
+            let low = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+            let high = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+            (
+                _mm512_permutex2var_pd(even, low, odd),
+                _mm512_permutex2var_pd(even, high, odd),
+            )
+        }
+    }
+}
+
+/// Transposes rows of `D` elements (`D` = 2, 4, 8 or 16) that fill `D`
+/// registers in row order, so that register `j` holds element `j` of every
+/// row, in row order.
+///
+/// Each of the `log₂ D` rounds splits every pair of neighbouring registers
+/// into its even and its odd elements, the even halves first. Element
+/// `r · D + j` (row `r`, column `j`) thereby sheds one bit of `j` from its
+/// position within the rows per round and gains it in the register index,
+/// so after the last round register `j` holds the elements `r · D + j` in
+/// increasing `r`: column `j`. `blocks_of_rows_give_the_bits_of_single_rows`
+/// checks the outcome against rows taken one by one, bit for bit.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rows_to_columns<R: Interleave, const D: usize>(mut registers: [R; D]) -> [R; D] {
+    let mut width = D;
+    while width > 1 {
+        let mut next = registers;
+        for i in 0..D / 2 {
+            let (even, odd) = registers[2 * i].split_even_odd(registers[2 * i + 1]);
+            next[i] = even;
+            next[D / 2 + i] = odd;
+        }
+        registers = next;
+        width /= 2;
+    }
+    registers
+}
+
+/// The inverse of [`rows_to_columns`]: each round undoes one of its rounds.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn columns_to_rows<R: Interleave, const D: usize>(mut registers: [R; D]) -> [R; D] {
+    let mut width = D;
+    while width > 1 {
+        let mut next = registers;
+        for i in 0..D / 2 {
+            let (low, high) = R::interleave(registers[i], registers[D / 2 + i]);
+            next[2 * i] = low;
+            next[2 * i + 1] = high;
+        }
+        registers = next;
+        width /= 2;
+    }
+    registers
+}
+
+/// [`Vector::load_columns_f32`] of `rows`, 16 rows of `D` elements.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn load_f32_columns<const D: usize>(rows: &[f32], columns: &mut [Avx512; LANES]) {
+    // SAFETY: only reached from the methods of `Avx512` (module docs).
+    let mut registers = unsafe { [_mm512_setzero_ps(); D] };
+    for (register, chunk) in registers.iter_mut().zip(rows.as_chunks::<16>().0) {
+        // SAFETY: features as above; the load reads one whole chunk.
+        *register = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+    }
+    for (column, register) in columns.iter_mut().zip(rows_to_columns(registers)) {
+        // SAFETY: features as above; no memory is accessed.
+        *column = unsafe {
+            let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(register));
+            Avx512([
+                _mm512_cvtps_pd(_mm512_castps512_ps256(register)),
+                _mm512_cvtps_pd(_mm256_castpd_ps(high)),
+            ])
+        };
+    }
+}
+
+/// [`Vector::load_columns_f64`] of `rows`, 16 rows of `D` elements: rows
+/// 0 - 7 and 8 - 15 are transposed apart, into the two registers of each
+/// column.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn load_f64_columns<const D: usize>(rows: &[f64], columns: &mut [Avx512; LANES]) {
+    // SAFETY: as in `load_f32_columns`.
+    let mut registers = unsafe { [[_mm512_setzero_pd(); D]; 2] };
+    let (chunks, _) = rows.as_chunks::<8>();
+    for (half, half_chunks) in registers.iter_mut().zip(chunks.chunks(D)) {
+        for (register, chunk) in half.iter_mut().zip(half_chunks) {
+            // SAFETY: as in `load_f32_columns`.
+            *register = unsafe { _mm512_loadu_pd(chunk.as_ptr()) };
+        }
+    }
+    let [first, second] = registers;
+    let pairs = rows_to_columns(first)
+        .into_iter()
+        .zip(rows_to_columns(second));
+    for (column, (low, high)) in columns.iter_mut().zip(pairs) {
+        *column = Avx512([low, high]);
+    }
+}
+
+/// [`Vector::store_columns_f32`] into `rows`, 16 rows of `D` elements.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn store_f32_columns<const D: usize>(columns: &[Avx512; LANES], rows: &mut [f32]) {
+    // SAFETY: as in `load_f32_columns`.
+    let mut registers = unsafe { [_mm512_setzero_ps(); D] };
+    for (register, column) in registers.iter_mut().zip(columns) {
+        // SAFETY: as in `load_f32_columns`.
+        *register = unsafe {
+            let low = _mm512_cvtpd_ps(column.0[0]);
+            let high = _mm512_cvtpd_ps(column.0[1]);
+            _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
+        };
+    }
+    let chunks = rows.as_chunks_mut::<16>().0;
+    for (chunk, register) in chunks.iter_mut().zip(columns_to_rows(registers)) {
+        // SAFETY: features as above; the store writes one whole chunk.
+        unsafe { _mm512_storeu_ps(chunk.as_mut_ptr(), register) };
+    }
+}
+
+/// [`Vector::store_columns_f64`] into `rows`, 16 rows of `D` elements.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn store_f64_columns<const D: usize>(columns: &[Avx512; LANES], rows: &mut [f64]) {
+    // SAFETY: as in `store_f32_columns`.
+    let mut registers = unsafe { [[_mm512_setzero_pd(); D]; 2] };
+    for (j, column) in columns.iter().enumerate().take(D) {
+        registers[0][j] = column.0[0];
+        registers[1][j] = column.0[1];
+    }
+    let chunks = rows.as_chunks_mut::<8>().0;
+    for (half_chunks, half) in chunks.chunks_mut(D).zip(registers) {
+        for (chunk, register) in half_chunks.iter_mut().zip(columns_to_rows(half)) {
+            // SAFETY: as in `store_f32_columns`.
+            unsafe { _mm512_storeu_pd(chunk.as_mut_ptr(), register) };
+        }
+    }
 }
 
 /// Whether the 16 elements `l · d + j` of a column lie inside rows of
