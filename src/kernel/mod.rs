@@ -461,7 +461,7 @@ mod tests {
 
     #[test]
     fn blocks_of_rows_give_the_bits_of_single_rows() {
-        for d in [1, 2, 3, 4, 5, 8, 15, 16, 17, 40, 100] {
+        for d in [1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 17, 40, 100] {
             // Two blocks of 16 and a remainder. Mixed blocks, whose special
             // rows the vector pass leaves to the long-row kernel; blocks of
             // ordinary rows only, which it writes whole; blocks of constant

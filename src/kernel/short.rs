@@ -38,8 +38,16 @@
 //! With AVX-512, blocks of rows of 2, 4, 8 or 16 elements are transposed in
 //! registers instead: `d` plain loads, `d · log₂ d` two-register permutes,
 //! and the same back, where the gathers and scatters move one element each.
-//! In cache, one thread, best of 5, alternating builds, ns per element,
-//! gathers -> transpose: `f32` RMSNorm d = 2 1.20 - 1.22 -> 0.72 - 0.77,
+//! Rows of 3, 5, 6 and 7 elements (not 7 for `f64`) take two-register
+//! permutes too, one per pair of registers that a column or a row touches,
+//! blended. In cache, one thread, best of 5, alternating builds, ns per
+//! element, gathers -> permutes: `f32` RMSNorm d = 3 1.36 -> 0.56, d = 5
+//! 0.97 -> 0.55 - 0.75, d = 6 0.88 - 0.92 -> 0.55 - 0.57, d = 7 0.78 - 0.79
+//! -> 0.58 - 0.62; `f32` LayerNorm d = 3 1.83 - 1.84 -> 1.15 - 1.19, d = 5
+//! 1.32 - 1.33 -> 1.00 - 1.02, d = 6 1.16 - 1.18 -> 0.95 - 0.96, d = 7
+//! 1.04 - 1.05 -> 0.93 - 0.95; `f64` d = 3 and 5 1.1 - 1.6x faster, d = 6
+//! RMSNorm 0.85 -> 0.67 - 0.69 and LayerNorm unchanged, d = 7 unchanged. The
+//! powers of two, gathers -> transpose: `f32` RMSNorm d = 2 1.20 - 1.22 -> 0.72 - 0.77,
 //! d = 4 1.15 - 1.18 -> 0.54 - 0.55, d = 8 0.76 - 0.79 -> 0.50 - 0.52,
 //! d = 16 0.63 - 0.64 -> 0.47; `f32` LayerNorm d = 2 2.05 - 2.07 -> 1.48,
 //! d = 4 1.50 - 1.56 -> 0.99 - 1.01, d = 8 1.01 - 1.02 -> 0.83 - 0.84,

@@ -378,16 +378,23 @@ vector_type! {
                 _mm512_i32scatter_pd::<8>(start, _mm512_extracti64x4_epi64::<1>(offsets), self.0[1]);
             }
         }
-        // Whole blocks of 16 rows of 2, 4, 8 or 16 elements are transposed
-        // in registers (see `rows_to_columns`) instead of gathered and
-        // scattered one column at a time.
+        // Whole blocks of 16 rows of 2 to 8 elements or of 16 are moved
+        // between rows and columns in registers (`rows_to_columns` for
+        // powers of two, the permutes of `Lanes16` and `Lanes8` otherwise)
+        // instead of gathered and scattered one column at a time. Rows of
+        // 9 to 15 elements keep the gathers, and so do `f64` rows of 7,
+        // where the permutes were no faster.
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
             match (d, rows.len() == LANES * d) {
-                (2, true) => load_f32_columns::<2>(rows, columns),
-                (4, true) => load_f32_columns::<4>(rows, columns),
-                (8, true) => load_f32_columns::<8>(rows, columns),
-                (16, true) => load_f32_columns::<16>(rows, columns),
+                (2, true) => load_f32_columns::<2, ByRounds>(rows, columns),
+                (4, true) => load_f32_columns::<4, ByRounds>(rows, columns),
+                (8, true) => load_f32_columns::<8, ByRounds>(rows, columns),
+                (16, true) => load_f32_columns::<16, ByRounds>(rows, columns),
+                (3, true) => load_f32_columns::<3, ByLanes>(rows, columns),
+                (5, true) => load_f32_columns::<5, ByLanes>(rows, columns),
+                (6, true) => load_f32_columns::<6, ByLanes>(rows, columns),
+                (7, true) => load_f32_columns::<7, ByLanes>(rows, columns),
                 _ => {
                     for (j, column) in columns.iter_mut().enumerate().take(d) {
                         *column = Self::load_column_f32(rows, j, d);
@@ -398,10 +405,13 @@ vector_type! {
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn load_columns_f64(rows: &[f64], d: usize, columns: &mut [Self; LANES]) {
             match (d, rows.len() == LANES * d) {
-                (2, true) => load_f64_columns::<2>(rows, columns),
-                (4, true) => load_f64_columns::<4>(rows, columns),
-                (8, true) => load_f64_columns::<8>(rows, columns),
-                (16, true) => load_f64_columns::<16>(rows, columns),
+                (2, true) => load_f64_columns::<2, ByRounds>(rows, columns),
+                (4, true) => load_f64_columns::<4, ByRounds>(rows, columns),
+                (8, true) => load_f64_columns::<8, ByRounds>(rows, columns),
+                (16, true) => load_f64_columns::<16, ByRounds>(rows, columns),
+                (3, true) => load_f64_columns::<3, ByLanes>(rows, columns),
+                (5, true) => load_f64_columns::<5, ByLanes>(rows, columns),
+                (6, true) => load_f64_columns::<6, ByLanes>(rows, columns),
                 _ => {
                     for (j, column) in columns.iter_mut().enumerate().take(d) {
                         *column = Self::load_column_f64(rows, j, d);
@@ -412,10 +422,14 @@ vector_type! {
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_columns_f32(columns: &[Self; LANES], rows: &mut [f32], d: usize) {
             match (d, rows.len() == LANES * d) {
-                (2, true) => store_f32_columns::<2>(columns, rows),
-                (4, true) => store_f32_columns::<4>(columns, rows),
-                (8, true) => store_f32_columns::<8>(columns, rows),
-                (16, true) => store_f32_columns::<16>(columns, rows),
+                (2, true) => store_f32_columns::<2, ByRounds>(columns, rows),
+                (4, true) => store_f32_columns::<4, ByRounds>(columns, rows),
+                (8, true) => store_f32_columns::<8, ByRounds>(columns, rows),
+                (16, true) => store_f32_columns::<16, ByRounds>(columns, rows),
+                (3, true) => store_f32_columns::<3, ByLanes>(columns, rows),
+                (5, true) => store_f32_columns::<5, ByLanes>(columns, rows),
+                (6, true) => store_f32_columns::<6, ByLanes>(columns, rows),
+                (7, true) => store_f32_columns::<7, ByLanes>(columns, rows),
                 _ => {
                     for (j, column) in columns.iter().enumerate().take(d) {
                         column.store_column_f32(rows, j, d);
@@ -426,10 +440,13 @@ vector_type! {
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
             match (d, rows.len() == LANES * d) {
-                (2, true) => store_f64_columns::<2>(columns, rows),
-                (4, true) => store_f64_columns::<4>(columns, rows),
-                (8, true) => store_f64_columns::<8>(columns, rows),
-                (16, true) => store_f64_columns::<16>(columns, rows),
+                (2, true) => store_f64_columns::<2, ByRounds>(columns, rows),
+                (4, true) => store_f64_columns::<4, ByRounds>(columns, rows),
+                (8, true) => store_f64_columns::<8, ByRounds>(columns, rows),
+                (16, true) => store_f64_columns::<16, ByRounds>(columns, rows),
+                (3, true) => store_f64_columns::<3, ByLanes>(columns, rows),
+                (5, true) => store_f64_columns::<5, ByLanes>(columns, rows),
+                (6, true) => store_f64_columns::<6, ByLanes>(columns, rows),
                 _ => {
                     for (j, column) in columns.iter().enumerate().take(d) {
                         column.store_column_f64(rows, j, d);
@@ -548,16 +565,76 @@ fn columns_to_rows<R: Interleave, const D: usize>(mut registers: [R; D]) -> [R; 
     registers
 }
 
+/// How a block of 16 rows of `D` elements moves between rows and columns
+/// in registers.
+trait ColumnMoves<const D: usize> {
+    /// Registers of 16 `f32` each, rows in order, to columns.
+    fn columns_ps(rows: [__m512; D]) -> [__m512; D];
+    /// The inverse of [`ColumnMoves::columns_ps`].
+    fn rows_ps(columns: [__m512; D]) -> [__m512; D];
+    /// Registers of 8 `f64` each, 8 rows in order, to columns.
+    fn columns_pd(rows: [__m512d; D]) -> [__m512d; D];
+    /// The inverse of [`ColumnMoves::columns_pd`].
+    fn rows_pd(columns: [__m512d; D]) -> [__m512d; D];
+}
+
+/// [`rows_to_columns`] and back, for `D` a power of two.
+struct ByRounds;
+
+impl<const D: usize> ColumnMoves<D> for ByRounds {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn columns_ps(rows: [__m512; D]) -> [__m512; D] {
+        rows_to_columns(rows)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn rows_ps(columns: [__m512; D]) -> [__m512; D] {
+        columns_to_rows(columns)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn columns_pd(rows: [__m512d; D]) -> [__m512d; D] {
+        rows_to_columns(rows)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn rows_pd(columns: [__m512d; D]) -> [__m512d; D] {
+        columns_to_rows(columns)
+    }
+}
+
+/// The permutes of [`Lanes16`] and [`Lanes8`], for any `D`.
+struct ByLanes;
+
+impl<const D: usize> ColumnMoves<D> for ByLanes {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn columns_ps(rows: [__m512; D]) -> [__m512; D] {
+        permute_pairs_ps(&rows, &Lanes16::<D>::LOAD)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn rows_ps(columns: [__m512; D]) -> [__m512; D] {
+        permute_pairs_ps(&columns, &Lanes16::<D>::STORE)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn columns_pd(rows: [__m512d; D]) -> [__m512d; D] {
+        permute_pairs_pd(&rows, &Lanes8::<D>::LOAD)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn rows_pd(columns: [__m512d; D]) -> [__m512d; D] {
+        permute_pairs_pd(&columns, &Lanes8::<D>::STORE)
+    }
+}
+
 /// [`Vector::load_columns_f32`] of `rows`, 16 rows of `D` elements.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn load_f32_columns<const D: usize>(rows: &[f32], columns: &mut [Avx512; LANES]) {
+fn load_f32_columns<const D: usize, M: ColumnMoves<D>>(
+    rows: &[f32],
+    columns: &mut [Avx512; LANES],
+) {
     // SAFETY: only reached from the methods of `Avx512` (module docs).
     let mut registers = unsafe { [_mm512_setzero_ps(); D] };
     for (register, chunk) in registers.iter_mut().zip(rows.as_chunks::<16>().0) {
         // SAFETY: features as above; the load reads one whole chunk.
         *register = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
     }
-    for (column, register) in columns.iter_mut().zip(rows_to_columns(registers)) {
+    for (column, register) in columns.iter_mut().zip(M::columns_ps(registers)) {
         // SAFETY: features as above; no memory is accessed.
         *column = unsafe {
             let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(register));
@@ -573,7 +650,10 @@ fn load_f32_columns<const D: usize>(rows: &[f32], columns: &mut [Avx512; LANES])
 /// 0 - 7 and 8 - 15 are transposed apart, into the two registers of each
 /// column.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn load_f64_columns<const D: usize>(rows: &[f64], columns: &mut [Avx512; LANES]) {
+fn load_f64_columns<const D: usize, M: ColumnMoves<D>>(
+    rows: &[f64],
+    columns: &mut [Avx512; LANES],
+) {
     // SAFETY: as in `load_f32_columns`.
     let mut registers = unsafe { [[_mm512_setzero_pd(); D]; 2] };
     let (chunks, _) = rows.as_chunks::<8>();
@@ -584,9 +664,7 @@ fn load_f64_columns<const D: usize>(rows: &[f64], columns: &mut [Avx512; LANES])
         }
     }
     let [first, second] = registers;
-    let pairs = rows_to_columns(first)
-        .into_iter()
-        .zip(rows_to_columns(second));
+    let pairs = M::columns_pd(first).into_iter().zip(M::columns_pd(second));
     for (column, (low, high)) in columns.iter_mut().zip(pairs) {
         *column = Avx512([low, high]);
     }
@@ -594,7 +672,10 @@ fn load_f64_columns<const D: usize>(rows: &[f64], columns: &mut [Avx512; LANES])
 
 /// [`Vector::store_columns_f32`] into `rows`, 16 rows of `D` elements.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn store_f32_columns<const D: usize>(columns: &[Avx512; LANES], rows: &mut [f32]) {
+fn store_f32_columns<const D: usize, M: ColumnMoves<D>>(
+    columns: &[Avx512; LANES],
+    rows: &mut [f32],
+) {
     // SAFETY: as in `load_f32_columns`.
     let mut registers = unsafe { [_mm512_setzero_ps(); D] };
     for (register, column) in registers.iter_mut().zip(columns) {
@@ -606,7 +687,7 @@ fn store_f32_columns<const D: usize>(columns: &[Avx512; LANES], rows: &mut [f32]
         };
     }
     let chunks = rows.as_chunks_mut::<16>().0;
-    for (chunk, register) in chunks.iter_mut().zip(columns_to_rows(registers)) {
+    for (chunk, register) in chunks.iter_mut().zip(M::rows_ps(registers)) {
         // SAFETY: features as above; the store writes one whole chunk.
         unsafe { _mm512_storeu_ps(chunk.as_mut_ptr(), register) };
     }
@@ -614,7 +695,10 @@ fn store_f32_columns<const D: usize>(columns: &[Avx512; LANES], rows: &mut [f32]
 
 /// [`Vector::store_columns_f64`] into `rows`, 16 rows of `D` elements.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn store_f64_columns<const D: usize>(columns: &[Avx512; LANES], rows: &mut [f64]) {
+fn store_f64_columns<const D: usize, M: ColumnMoves<D>>(
+    columns: &[Avx512; LANES],
+    rows: &mut [f64],
+) {
     // SAFETY: as in `store_f32_columns`.
     let mut registers = unsafe { [[_mm512_setzero_pd(); D]; 2] };
     for (j, column) in columns.iter().enumerate().take(D) {
@@ -623,10 +707,157 @@ fn store_f64_columns<const D: usize>(columns: &[Avx512; LANES], rows: &mut [f64]
     }
     let chunks = rows.as_chunks_mut::<8>().0;
     for (half_chunks, half) in chunks.chunks_mut(D).zip(registers) {
-        for (chunk, register) in half_chunks.iter_mut().zip(columns_to_rows(half)) {
+        for (chunk, register) in half_chunks.iter_mut().zip(M::rows_pd(half)) {
             // SAFETY: as in `store_f32_columns`.
             unsafe { _mm512_storeu_pd(chunk.as_mut_ptr(), register) };
         }
+    }
+}
+
+/// One two-register permute of [`Lanes16`] or [`Lanes8`]: its indices, and
+/// the lanes of the result it provides (a bit per lane).
+type Permute<I, const N: usize> = ([I; N], u16);
+
+/// For rows of `D` elements, the permutes that move a block of 16 rows
+/// between row order and columns when `D` is not a power of two:
+/// `LOAD[j][p]` takes column `j`'s lanes out of registers `2p` and `2p + 1`
+/// of the rows, `STORE[k][q]` takes row register `k`'s elements out of
+/// columns `2q` and `2q + 1`. Computed at compile time.
+struct Lanes16<const D: usize>;
+
+impl<const D: usize> Lanes16<D> {
+    const LOAD: [[Permute<i32, 16>; 8]; 16] = load_permutes_16(D);
+    const STORE: [[Permute<i32, 16>; 8]; 16] = store_permutes_16(D);
+}
+
+/// [`Lanes16`] for registers of 8 lanes (`f64`), within each half of 8
+/// rows.
+struct Lanes8<const D: usize>;
+
+impl<const D: usize> Lanes8<D> {
+    const LOAD: [[Permute<i64, 8>; 8]; 16] = load_permutes_8(D);
+    const STORE: [[Permute<i64, 8>; 8]; 16] = store_permutes_8(D);
+}
+
+/// Lane `l` of column `j` is element `e = l · d + j`: lane `e % 32` of
+/// register pair `e / 32`.
+const fn load_permutes_16(d: usize) -> [[Permute<i32, 16>; 8]; 16] {
+    let mut table = [[([0; 16], 0); 8]; 16];
+    let mut j = 0;
+    while j < d {
+        let mut l = 0;
+        while l < 16 {
+            let e = l * d + j;
+            table[j][e / 32].0[l] = (e % 32) as i32;
+            table[j][e / 32].1 |= 1 << l;
+            l += 1;
+        }
+        j += 1;
+    }
+    table
+}
+
+/// Lane `i` of row register `k` is element `e = 16k + i`: lane `e / d` of
+/// column `e % d`, the first or second of pair `(e % d) / 2`.
+const fn store_permutes_16(d: usize) -> [[Permute<i32, 16>; 8]; 16] {
+    let mut table = [[([0; 16], 0); 8]; 16];
+    let mut k = 0;
+    while k < d {
+        let mut i = 0;
+        while i < 16 {
+            let e = 16 * k + i;
+            let (column, lane) = (e % d, e / d);
+            table[k][column / 2].0[i] = (lane + 16 * (column % 2)) as i32;
+            table[k][column / 2].1 |= 1 << i;
+            i += 1;
+        }
+        k += 1;
+    }
+    table
+}
+
+/// [`load_permutes_16`] for registers of 8 lanes.
+const fn load_permutes_8(d: usize) -> [[Permute<i64, 8>; 8]; 16] {
+    let mut table = [[([0; 8], 0); 8]; 16];
+    let mut j = 0;
+    while j < d {
+        let mut l = 0;
+        while l < 8 {
+            let e = l * d + j;
+            table[j][e / 16].0[l] = (e % 16) as i64;
+            table[j][e / 16].1 |= 1 << l;
+            l += 1;
+        }
+        j += 1;
+    }
+    table
+}
+
+/// [`store_permutes_16`] for registers of 8 lanes.
+const fn store_permutes_8(d: usize) -> [[Permute<i64, 8>; 8]; 16] {
+    let mut table = [[([0; 8], 0); 8]; 16];
+    let mut k = 0;
+    while k < d {
+        let mut i = 0;
+        while i < 8 {
+            let e = 8 * k + i;
+            let (column, lane) = (e % d, e / d);
+            table[k][column / 2].0[i] = (lane + 8 * (column % 2)) as i64;
+            table[k][column / 2].1 |= 1 << i;
+            i += 1;
+        }
+        k += 1;
+    }
+    table
+}
+
+/// Each of `D` outputs assembled from pairs of `D` inputs by the permutes of
+/// `table` (one row of it per output), blended by their lanes.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn permute_pairs_ps<const D: usize>(
+    inputs: &[__m512; D],
+    table: &[[Permute<i32, 16>; 8]; 16],
+) -> [__m512; D] {
+    // SAFETY: only reached from the methods of `Avx512` (module docs); the
+    // index loads read whole arrays.
+    unsafe {
+        let mut outputs = [_mm512_setzero_ps(); D];
+        for (output, permutes) in outputs.iter_mut().zip(table) {
+            for (pair, (indices, lanes)) in permutes.iter().enumerate().take(D.div_ceil(2)) {
+                if *lanes != 0 {
+                    let first = inputs[2 * pair];
+                    let second = inputs[(2 * pair + 1).min(D - 1)];
+                    let indices = _mm512_loadu_si512(indices.as_ptr().cast());
+                    let picked = _mm512_permutex2var_ps(first, indices, second);
+                    *output = _mm512_mask_blend_ps(*lanes, *output, picked);
+                }
+            }
+        }
+        outputs
+    }
+}
+
+/// [`permute_pairs_ps`] for registers of 8 `f64`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn permute_pairs_pd<const D: usize>(
+    inputs: &[__m512d; D],
+    table: &[[Permute<i64, 8>; 8]; 16],
+) -> [__m512d; D] {
+    // SAFETY: as in `permute_pairs_ps`.
+    unsafe {
+        let mut outputs = [_mm512_setzero_pd(); D];
+        for (output, permutes) in outputs.iter_mut().zip(table) {
+            for (pair, (indices, lanes)) in permutes.iter().enumerate().take(D.div_ceil(2)) {
+                if *lanes != 0 {
+                    let first = inputs[2 * pair];
+                    let second = inputs[(2 * pair + 1).min(D - 1)];
+                    let indices = _mm512_loadu_si512(indices.as_ptr().cast());
+                    let picked = _mm512_permutex2var_pd(first, indices, second);
+                    *output = _mm512_mask_blend_pd(*lanes as u8, *output, picked);
+                }
+            }
+        }
+        outputs
     }
 }
 
