@@ -32,6 +32,23 @@ pub(super) fn has_avx512() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
+/// `$function::<D, _>($first, $second)` for whole blocks of rows of `D` elements
+/// that move between rows and columns in registers: the powers of two by
+/// [`ByRounds`], the lengths listed by [`ByPermutes`]; `$otherwise` for
+/// every other block.
+macro_rules! in_registers {
+    ($d:expr, $whole:expr, $function:ident($first:expr, $second:expr), [$($length:literal),*], $otherwise:block) => {
+        match ($d, $whole) {
+            (2, true) => $function::<2, ByRounds>($first, $second),
+            (4, true) => $function::<4, ByRounds>($first, $second),
+            (8, true) => $function::<8, ByRounds>($first, $second),
+            (16, true) => $function::<16, ByRounds>($first, $second),
+            $(($length, true) => $function::<$length, ByPermutes>($first, $second),)*
+            _ => $otherwise,
+        }
+    };
+}
+
 /// Defines a vector type of `$count` registers of `$width` lanes.
 macro_rules! vector_type {
     (
@@ -380,96 +397,71 @@ vector_type! {
         }
         // Whole blocks of 16 rows of 2 to 8 elements or of 16 are moved
         // between rows and columns in registers (`rows_to_columns` for
-        // powers of two, the permutes of `Lanes16` and `Lanes8` otherwise)
+        // powers of two, the permutes of `BlockPermutes` otherwise)
         // instead of gathered and scattered one column at a time. Rows of
         // 9 to 15 elements keep the gathers, and so do `f64` rows of 7,
         // where the permutes were no faster.
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
-            match (d, rows.len() == LANES * d) {
-                (2, true) => load_f32_columns::<2, ByRounds>(rows, columns),
-                (4, true) => load_f32_columns::<4, ByRounds>(rows, columns),
-                (8, true) => load_f32_columns::<8, ByRounds>(rows, columns),
-                (16, true) => load_f32_columns::<16, ByRounds>(rows, columns),
-                (3, true) => load_f32_columns::<3, ByLanes>(rows, columns),
-                (5, true) => load_f32_columns::<5, ByLanes>(rows, columns),
-                (6, true) => load_f32_columns::<6, ByLanes>(rows, columns),
-                (7, true) => load_f32_columns::<7, ByLanes>(rows, columns),
-                _ => {
-                    for (j, column) in columns.iter_mut().enumerate().take(d) {
-                        *column = Self::load_column_f32(rows, j, d);
-                    }
+            in_registers!(d, rows.len() == LANES * d, load_f32_columns(rows, columns), [3, 5, 6, 7], {
+                for (j, column) in columns.iter_mut().enumerate().take(d) {
+                    *column = Self::load_column_f32(rows, j, d);
                 }
-            }
+            })
         }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn load_columns_f64(rows: &[f64], d: usize, columns: &mut [Self; LANES]) {
-            match (d, rows.len() == LANES * d) {
-                (2, true) => load_f64_columns::<2, ByRounds>(rows, columns),
-                (4, true) => load_f64_columns::<4, ByRounds>(rows, columns),
-                (8, true) => load_f64_columns::<8, ByRounds>(rows, columns),
-                (16, true) => load_f64_columns::<16, ByRounds>(rows, columns),
-                (3, true) => load_f64_columns::<3, ByLanes>(rows, columns),
-                (5, true) => load_f64_columns::<5, ByLanes>(rows, columns),
-                (6, true) => load_f64_columns::<6, ByLanes>(rows, columns),
-                _ => {
-                    for (j, column) in columns.iter_mut().enumerate().take(d) {
-                        *column = Self::load_column_f64(rows, j, d);
-                    }
+            in_registers!(d, rows.len() == LANES * d, load_f64_columns(rows, columns), [3, 5, 6], {
+                for (j, column) in columns.iter_mut().enumerate().take(d) {
+                    *column = Self::load_column_f64(rows, j, d);
                 }
-            }
+            })
         }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_columns_f32(columns: &[Self; LANES], rows: &mut [f32], d: usize) {
-            match (d, rows.len() == LANES * d) {
-                (2, true) => store_f32_columns::<2, ByRounds>(columns, rows),
-                (4, true) => store_f32_columns::<4, ByRounds>(columns, rows),
-                (8, true) => store_f32_columns::<8, ByRounds>(columns, rows),
-                (16, true) => store_f32_columns::<16, ByRounds>(columns, rows),
-                (3, true) => store_f32_columns::<3, ByLanes>(columns, rows),
-                (5, true) => store_f32_columns::<5, ByLanes>(columns, rows),
-                (6, true) => store_f32_columns::<6, ByLanes>(columns, rows),
-                (7, true) => store_f32_columns::<7, ByLanes>(columns, rows),
-                _ => {
-                    for (j, column) in columns.iter().enumerate().take(d) {
-                        column.store_column_f32(rows, j, d);
-                    }
+            in_registers!(d, rows.len() == LANES * d, store_f32_columns(columns, rows), [3, 5, 6, 7], {
+                for (j, column) in columns.iter().enumerate().take(d) {
+                    column.store_column_f32(rows, j, d);
                 }
-            }
+            })
         }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
-            match (d, rows.len() == LANES * d) {
-                (2, true) => store_f64_columns::<2, ByRounds>(columns, rows),
-                (4, true) => store_f64_columns::<4, ByRounds>(columns, rows),
-                (8, true) => store_f64_columns::<8, ByRounds>(columns, rows),
-                (16, true) => store_f64_columns::<16, ByRounds>(columns, rows),
-                (3, true) => store_f64_columns::<3, ByLanes>(columns, rows),
-                (5, true) => store_f64_columns::<5, ByLanes>(columns, rows),
-                (6, true) => store_f64_columns::<6, ByLanes>(columns, rows),
-                _ => {
-                    for (j, column) in columns.iter().enumerate().take(d) {
-                        column.store_column_f64(rows, j, d);
-                    }
+            in_registers!(d, rows.len() == LANES * d, store_f64_columns(columns, rows), [3, 5, 6], {
+                for (j, column) in columns.iter().enumerate().take(d) {
+                    column.store_column_f64(rows, j, d);
                 }
-            }
+            })
         }
     },
 }
 
-/// An AVX-512 register of `f32` or `f64` lanes, as [`rows_to_columns`]
-/// moves them.
-trait Interleave: Copy {
+/// An AVX-512 register of `f32` or `f64` lanes, as the column moves of
+/// short rows ([`ColumnMoves`]) handle them.
+trait Register: Copy {
+    /// Lanes per register.
+    const WIDTH: usize;
+    /// Every lane zero.
+    fn zero() -> Self;
     /// The even elements of `self` followed by `next`, and the odd ones.
     fn split_even_odd(self, next: Self) -> (Self, Self);
-    /// The inverse of [`Interleave::split_even_odd`].
+    /// The inverse of [`Register::split_even_odd`].
     fn interleave(even: Self, odd: Self) -> (Self, Self);
+    /// `onto`, with each lane `i` set in `lanes` replaced by element
+    /// `indices[i]` of `self` followed by `next`.
+    fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self;
 }
 
-impl Interleave for __m512 {
+impl Register for __m512 {
+    const WIDTH: usize = 16;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn zero() -> Self {
+        // SAFETY: only reached from the methods of `Avx512`: module docs.
+        unsafe { _mm512_setzero_ps() }
+    }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_even_odd(self, next: Self) -> (Self, Self) {
-        // SAFETY: only reached from the methods of `Avx512`: module docs.
+        // SAFETY: as in `zero`.
         unsafe {
             let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
             let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -481,7 +473,7 @@ impl Interleave for __m512 {
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn interleave(even: Self, odd: Self) -> (Self, Self) {
-        // SAFETY: as in `split_even_odd`.
+        // SAFETY: as in `zero`.
         unsafe {
             let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
             let high =
@@ -492,9 +484,23 @@ impl Interleave for __m512 {
             )
         }
     }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self {
+        // SAFETY: as in `zero`; the load reads the whole array.
+        unsafe {
+            let indices = _mm512_loadu_si512(indices.as_ptr().cast());
+            _mm512_mask_blend_ps(lanes, onto, _mm512_permutex2var_ps(self, indices, next))
+        }
+    }
 }
 
-impl Interleave for __m512d {
+impl Register for __m512d {
+    const WIDTH: usize = 8;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn zero() -> Self {
+        // SAFETY: as for `__m512`.
+        unsafe { _mm512_setzero_pd() }
+    }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_even_odd(self, next: Self) -> (Self, Self) {
         // SAFETY: as for `__m512`.
@@ -519,6 +525,18 @@ impl Interleave for __m512d {
             )
         }
     }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self {
+        // SAFETY: as for `__m512`; the load reads the first half of the array.
+        unsafe {
+            let indices = _mm512_cvtepi32_epi64(_mm256_loadu_si256(indices.as_ptr().cast()));
+            _mm512_mask_blend_pd(
+                lanes as u8,
+                onto,
+                _mm512_permutex2var_pd(self, indices, next),
+            )
+        }
+    }
 }
 
 /// Transposes rows of `D` elements (`D` = 2, 4, 8 or 16) that fill `D`
@@ -533,7 +551,7 @@ impl Interleave for __m512d {
 /// increasing `r`: column `j`. `blocks_of_rows_give_the_bits_of_single_rows`
 /// checks the outcome against rows taken one by one, bit for bit.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rows_to_columns<R: Interleave, const D: usize>(mut registers: [R; D]) -> [R; D] {
+fn rows_to_columns<R: Register, const D: usize>(mut registers: [R; D]) -> [R; D] {
     let mut width = D;
     while width > 1 {
         let mut next = registers;
@@ -550,7 +568,7 @@ fn rows_to_columns<R: Interleave, const D: usize>(mut registers: [R; D]) -> [R; 
 
 /// The inverse of [`rows_to_columns`]: each round undoes one of its rounds.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn columns_to_rows<R: Interleave, const D: usize>(mut registers: [R; D]) -> [R; D] {
+fn columns_to_rows<R: Register, const D: usize>(mut registers: [R; D]) -> [R; D] {
     let mut width = D;
     while width > 1 {
         let mut next = registers;
@@ -568,14 +586,10 @@ fn columns_to_rows<R: Interleave, const D: usize>(mut registers: [R; D]) -> [R; 
 /// How a block of 16 rows of `D` elements moves between rows and columns
 /// in registers.
 trait ColumnMoves<const D: usize> {
-    /// Registers of 16 `f32` each, rows in order, to columns.
-    fn columns_ps(rows: [__m512; D]) -> [__m512; D];
-    /// The inverse of [`ColumnMoves::columns_ps`].
-    fn rows_ps(columns: [__m512; D]) -> [__m512; D];
-    /// Registers of 8 `f64` each, 8 rows in order, to columns.
-    fn columns_pd(rows: [__m512d; D]) -> [__m512d; D];
-    /// The inverse of [`ColumnMoves::columns_pd`].
-    fn rows_pd(columns: [__m512d; D]) -> [__m512d; D];
+    /// Registers of rows in order (for `f64`, 8 rows) to columns.
+    fn columns<R: Register>(rows: [R; D]) -> [R; D];
+    /// The inverse of [`ColumnMoves::columns`].
+    fn rows<R: Register>(columns: [R; D]) -> [R; D];
 }
 
 /// [`rows_to_columns`] and back, for `D` a power of two.
@@ -583,42 +597,36 @@ struct ByRounds;
 
 impl<const D: usize> ColumnMoves<D> for ByRounds {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn columns_ps(rows: [__m512; D]) -> [__m512; D] {
+    fn columns<R: Register>(rows: [R; D]) -> [R; D] {
         rows_to_columns(rows)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn rows_ps(columns: [__m512; D]) -> [__m512; D] {
-        columns_to_rows(columns)
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn columns_pd(rows: [__m512d; D]) -> [__m512d; D] {
-        rows_to_columns(rows)
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn rows_pd(columns: [__m512d; D]) -> [__m512d; D] {
+    fn rows<R: Register>(columns: [R; D]) -> [R; D] {
         columns_to_rows(columns)
     }
 }
 
-/// The permutes of [`Lanes16`] and [`Lanes8`], for any `D`.
-struct ByLanes;
+/// The permutes of [`BlockPermutes`], for any `D`.
+struct ByPermutes;
 
-impl<const D: usize> ColumnMoves<D> for ByLanes {
+impl<const D: usize> ColumnMoves<D> for ByPermutes {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn columns_ps(rows: [__m512; D]) -> [__m512; D] {
-        permute_pairs_ps(&rows, &Lanes16::<D>::LOAD)
+    fn columns<R: Register>(rows: [R; D]) -> [R; D] {
+        let table = if R::WIDTH == 16 {
+            &BlockPermutes::<D>::LOAD_16
+        } else {
+            &BlockPermutes::<D>::LOAD_8
+        };
+        permute_pairs(&rows, table)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn rows_ps(columns: [__m512; D]) -> [__m512; D] {
-        permute_pairs_ps(&columns, &Lanes16::<D>::STORE)
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn columns_pd(rows: [__m512d; D]) -> [__m512d; D] {
-        permute_pairs_pd(&rows, &Lanes8::<D>::LOAD)
-    }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn rows_pd(columns: [__m512d; D]) -> [__m512d; D] {
-        permute_pairs_pd(&columns, &Lanes8::<D>::STORE)
+    fn rows<R: Register>(columns: [R; D]) -> [R; D] {
+        let table = if R::WIDTH == 16 {
+            &BlockPermutes::<D>::STORE_16
+        } else {
+            &BlockPermutes::<D>::STORE_8
+        };
+        permute_pairs(&columns, table)
     }
 }
 
@@ -634,7 +642,7 @@ fn load_f32_columns<const D: usize, M: ColumnMoves<D>>(
         // SAFETY: features as above; the load reads one whole chunk.
         *register = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
     }
-    for (column, register) in columns.iter_mut().zip(M::columns_ps(registers)) {
+    for (column, register) in columns.iter_mut().zip(M::columns(registers)) {
         // SAFETY: features as above; no memory is accessed.
         *column = unsafe {
             let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(register));
@@ -664,7 +672,7 @@ fn load_f64_columns<const D: usize, M: ColumnMoves<D>>(
         }
     }
     let [first, second] = registers;
-    let pairs = M::columns_pd(first).into_iter().zip(M::columns_pd(second));
+    let pairs = M::columns(first).into_iter().zip(M::columns(second));
     for (column, (low, high)) in columns.iter_mut().zip(pairs) {
         *column = Avx512([low, high]);
     }
@@ -687,7 +695,7 @@ fn store_f32_columns<const D: usize, M: ColumnMoves<D>>(
         };
     }
     let chunks = rows.as_chunks_mut::<16>().0;
-    for (chunk, register) in chunks.iter_mut().zip(M::rows_ps(registers)) {
+    for (chunk, register) in chunks.iter_mut().zip(M::rows(registers)) {
         // SAFETY: features as above; the store writes one whole chunk.
         unsafe { _mm512_storeu_ps(chunk.as_mut_ptr(), register) };
     }
@@ -707,49 +715,44 @@ fn store_f64_columns<const D: usize, M: ColumnMoves<D>>(
     }
     let chunks = rows.as_chunks_mut::<8>().0;
     for (half_chunks, half) in chunks.chunks_mut(D).zip(registers) {
-        for (chunk, register) in half_chunks.iter_mut().zip(M::rows_pd(half)) {
+        for (chunk, register) in half_chunks.iter_mut().zip(M::rows(half)) {
             // SAFETY: as in `store_f32_columns`.
             unsafe { _mm512_storeu_pd(chunk.as_mut_ptr(), register) };
         }
     }
 }
 
-/// One two-register permute of [`Lanes16`] or [`Lanes8`]: its indices, and
-/// the lanes of the result it provides (a bit per lane).
-type Permute<I, const N: usize> = ([I; N], u16);
+/// One two-register permute: its indices (the first 8 for registers of
+/// 8 lanes), and the lanes of the result it provides (a bit per lane).
+type Permute = ([i32; 16], u16);
 
 /// For rows of `D` elements, the permutes that move a block of 16 rows
-/// between row order and columns when `D` is not a power of two:
-/// `LOAD[j][p]` takes column `j`'s lanes out of registers `2p` and `2p + 1`
-/// of the rows, `STORE[k][q]` takes row register `k`'s elements out of
-/// columns `2q` and `2q + 1`. Computed at compile time.
-struct Lanes16<const D: usize>;
+/// between row order and columns, in registers of 16 lanes (`f32`) or of
+/// 8 (`f64`, each half of 8 rows on its own): `LOAD_*[j][p]` takes column
+/// `j`'s lanes out of registers `2p` and `2p + 1` of the rows, `STORE_*[k][q]`
+/// takes row register `k`'s elements out of columns `2q` and `2q + 1`.
+/// Computed at compile time.
+struct BlockPermutes<const D: usize>;
 
-impl<const D: usize> Lanes16<D> {
-    const LOAD: [[Permute<i32, 16>; 8]; 16] = load_permutes_16(D);
-    const STORE: [[Permute<i32, 16>; 8]; 16] = store_permutes_16(D);
+impl<const D: usize> BlockPermutes<D> {
+    const LOAD_16: [[Permute; 8]; 16] = load_permutes(D, 16);
+    const STORE_16: [[Permute; 8]; 16] = store_permutes(D, 16);
+    const LOAD_8: [[Permute; 8]; 16] = load_permutes(D, 8);
+    const STORE_8: [[Permute; 8]; 16] = store_permutes(D, 8);
 }
 
-/// [`Lanes16`] for registers of 8 lanes (`f64`), within each half of 8
-/// rows.
-struct Lanes8<const D: usize>;
-
-impl<const D: usize> Lanes8<D> {
-    const LOAD: [[Permute<i64, 8>; 8]; 16] = load_permutes_8(D);
-    const STORE: [[Permute<i64, 8>; 8]; 16] = store_permutes_8(D);
-}
-
-/// Lane `l` of column `j` is element `e = l · d + j`: lane `e % 32` of
-/// register pair `e / 32`.
-const fn load_permutes_16(d: usize) -> [[Permute<i32, 16>; 8]; 16] {
+/// Lane `l` of column `j` is element `e = l · d + j`: lane
+/// `e % (2 · lanes)` of register pair `e / (2 · lanes)`.
+const fn load_permutes(d: usize, lanes: usize) -> [[Permute; 8]; 16] {
     let mut table = [[([0; 16], 0); 8]; 16];
     let mut j = 0;
     while j < d {
         let mut l = 0;
-        while l < 16 {
+        while l < lanes {
             let e = l * d + j;
-            table[j][e / 32].0[l] = (e % 32) as i32;
-            table[j][e / 32].1 |= 1 << l;
+            let pair = e / (2 * lanes);
+            table[j][pair].0[l] = (e % (2 * lanes)) as i32;
+            table[j][pair].1 |= 1 << l;
             l += 1;
         }
         j += 1;
@@ -757,52 +760,17 @@ const fn load_permutes_16(d: usize) -> [[Permute<i32, 16>; 8]; 16] {
     table
 }
 
-/// Lane `i` of row register `k` is element `e = 16k + i`: lane `e / d` of
-/// column `e % d`, the first or second of pair `(e % d) / 2`.
-const fn store_permutes_16(d: usize) -> [[Permute<i32, 16>; 8]; 16] {
+/// Lane `i` of row register `k` is element `e = lanes · k + i`: lane
+/// `e / d` of column `e % d`, the first or second of pair `(e % d) / 2`.
+const fn store_permutes(d: usize, lanes: usize) -> [[Permute; 8]; 16] {
     let mut table = [[([0; 16], 0); 8]; 16];
     let mut k = 0;
     while k < d {
         let mut i = 0;
-        while i < 16 {
-            let e = 16 * k + i;
+        while i < lanes {
+            let e = lanes * k + i;
             let (column, lane) = (e % d, e / d);
-            table[k][column / 2].0[i] = (lane + 16 * (column % 2)) as i32;
-            table[k][column / 2].1 |= 1 << i;
-            i += 1;
-        }
-        k += 1;
-    }
-    table
-}
-
-/// [`load_permutes_16`] for registers of 8 lanes.
-const fn load_permutes_8(d: usize) -> [[Permute<i64, 8>; 8]; 16] {
-    let mut table = [[([0; 8], 0); 8]; 16];
-    let mut j = 0;
-    while j < d {
-        let mut l = 0;
-        while l < 8 {
-            let e = l * d + j;
-            table[j][e / 16].0[l] = (e % 16) as i64;
-            table[j][e / 16].1 |= 1 << l;
-            l += 1;
-        }
-        j += 1;
-    }
-    table
-}
-
-/// [`store_permutes_16`] for registers of 8 lanes.
-const fn store_permutes_8(d: usize) -> [[Permute<i64, 8>; 8]; 16] {
-    let mut table = [[([0; 8], 0); 8]; 16];
-    let mut k = 0;
-    while k < d {
-        let mut i = 0;
-        while i < 8 {
-            let e = 8 * k + i;
-            let (column, lane) = (e % d, e / d);
-            table[k][column / 2].0[i] = (lane + 8 * (column % 2)) as i64;
+            table[k][column / 2].0[i] = (lane + lanes * (column % 2)) as i32;
             table[k][column / 2].1 |= 1 << i;
             i += 1;
         }
@@ -814,51 +782,20 @@ const fn store_permutes_8(d: usize) -> [[Permute<i64, 8>; 8]; 16] {
 /// Each of `D` outputs assembled from pairs of `D` inputs by the permutes of
 /// `table` (one row of it per output), blended by their lanes.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn permute_pairs_ps<const D: usize>(
-    inputs: &[__m512; D],
-    table: &[[Permute<i32, 16>; 8]; 16],
-) -> [__m512; D] {
-    // SAFETY: only reached from the methods of `Avx512` (module docs); the
-    // index loads read whole arrays.
-    unsafe {
-        let mut outputs = [_mm512_setzero_ps(); D];
-        for (output, permutes) in outputs.iter_mut().zip(table) {
-            for (pair, (indices, lanes)) in permutes.iter().enumerate().take(D.div_ceil(2)) {
-                if *lanes != 0 {
-                    let first = inputs[2 * pair];
-                    let second = inputs[(2 * pair + 1).min(D - 1)];
-                    let indices = _mm512_loadu_si512(indices.as_ptr().cast());
-                    let picked = _mm512_permutex2var_ps(first, indices, second);
-                    *output = _mm512_mask_blend_ps(*lanes, *output, picked);
-                }
+fn permute_pairs<R: Register, const D: usize>(
+    inputs: &[R; D],
+    table: &[[Permute; 8]; 16],
+) -> [R; D] {
+    let mut outputs = [R::zero(); D];
+    for (output, permutes) in outputs.iter_mut().zip(table) {
+        for (pair, (indices, lanes)) in permutes.iter().enumerate().take(D.div_ceil(2)) {
+            if *lanes != 0 {
+                let second = inputs[(2 * pair + 1).min(D - 1)];
+                *output = inputs[2 * pair].permute_onto(second, indices, *lanes, *output);
             }
         }
-        outputs
     }
-}
-
-/// [`permute_pairs_ps`] for registers of 8 `f64`.
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn permute_pairs_pd<const D: usize>(
-    inputs: &[__m512d; D],
-    table: &[[Permute<i64, 8>; 8]; 16],
-) -> [__m512d; D] {
-    // SAFETY: as in `permute_pairs_ps`.
-    unsafe {
-        let mut outputs = [_mm512_setzero_pd(); D];
-        for (output, permutes) in outputs.iter_mut().zip(table) {
-            for (pair, (indices, lanes)) in permutes.iter().enumerate().take(D.div_ceil(2)) {
-                if *lanes != 0 {
-                    let first = inputs[2 * pair];
-                    let second = inputs[(2 * pair + 1).min(D - 1)];
-                    let indices = _mm512_loadu_si512(indices.as_ptr().cast());
-                    let picked = _mm512_permutex2var_pd(first, indices, second);
-                    *output = _mm512_mask_blend_pd(*lanes as u8, *output, picked);
-                }
-            }
-        }
-        outputs
-    }
+    outputs
 }
 
 /// Whether the 16 elements `l · d + j` of a column lie inside rows of
