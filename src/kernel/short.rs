@@ -41,18 +41,22 @@
 //! Rows of 3, 5, 6 and 7 elements (not 7 for `f64`) take two-register
 //! permutes too, one per pair of registers that a column or a row touches,
 //! blended. In cache, one thread, best of 5, alternating builds, ns per
-//! element, gathers -> permutes: `f32` RMSNorm d = 3 1.36 -> 0.56, d = 5
-//! 0.97 -> 0.55 - 0.75, d = 6 0.88 - 0.92 -> 0.55 - 0.57, d = 7 0.78 - 0.79
-//! -> 0.58 - 0.62; `f32` LayerNorm d = 3 1.83 - 1.84 -> 1.15 - 1.19, d = 5
-//! 1.32 - 1.33 -> 1.00 - 1.02, d = 6 1.16 - 1.18 -> 0.95 - 0.96, d = 7
-//! 1.04 - 1.05 -> 0.93 - 0.95; `f64` d = 3 and 5 1.1 - 1.6x faster, d = 6
-//! RMSNorm 0.85 -> 0.67 - 0.69 and LayerNorm unchanged, d = 7 unchanged. The
-//! powers of two, gathers -> transpose: `f32` RMSNorm d = 2 1.20 - 1.22 -> 0.72 - 0.77,
-//! d = 4 1.15 - 1.18 -> 0.54 - 0.55, d = 8 0.76 - 0.79 -> 0.50 - 0.52,
-//! d = 16 0.63 - 0.64 -> 0.47; `f32` LayerNorm d = 2 2.05 - 2.07 -> 1.48,
-//! d = 4 1.50 - 1.56 -> 0.99 - 1.01, d = 8 1.01 - 1.02 -> 0.83 - 0.84,
-//! d = 16 0.93 - 0.95 -> 0.71 - 0.72; `f64` RMSNorm 0.69 - 1.16 ->
-//! 0.54 - 0.85 and LayerNorm 0.96 - 1.77 -> 0.84 - 1.61 over the same `d`.
+//! element, gathers -> register moves:
+//!
+//! | d | `f32` RMSNorm | `f32` LayerNorm |
+//! |---|---|---|
+//! | 2 | 1.20 - 1.22 -> 0.72 - 0.77 | 2.05 - 2.07 -> 1.48 |
+//! | 3 | 1.36 -> 0.56 | 1.83 - 1.84 -> 1.15 - 1.19 |
+//! | 4 | 1.15 - 1.18 -> 0.54 - 0.55 | 1.50 - 1.56 -> 0.99 - 1.01 |
+//! | 5 | 0.97 -> 0.55 - 0.75 | 1.32 - 1.33 -> 1.00 - 1.02 |
+//! | 6 | 0.88 - 0.92 -> 0.55 - 0.57 | 1.16 - 1.18 -> 0.95 - 0.96 |
+//! | 7 | 0.78 - 0.79 -> 0.58 - 0.62 | 1.04 - 1.05 -> 0.93 - 0.95 |
+//! | 8 | 0.76 - 0.79 -> 0.50 - 0.52 | 1.01 - 1.02 -> 0.83 - 0.84 |
+//! | 16 | 0.63 - 0.64 -> 0.47 | 0.93 - 0.95 -> 0.71 - 0.72 |
+//!
+//! `f64` rows of 2, 3, 4, 5, 8 and 16 elements ran 1.1 to 1.8 times faster;
+//! at d = 6 RMSNorm went from 0.85 to 0.67 - 0.69 and LayerNorm was
+//! unchanged, and at d = 7 neither was faster.
 
 use super::portable::{
     centring as long_centring, divide_split, general_row_stats,

@@ -129,31 +129,23 @@ pub trait Vector: Arith {
     /// (`d <= LANES`) into `columns[j]`, as [`Vector::load_column_f32`].
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
-        for (j, column) in columns.iter_mut().enumerate().take(d) {
-            *column = Self::load_column_f32(rows, j, d);
-        }
+        column_by_column::load_f32(rows, d, columns)
     }
     /// [`Vector::load_columns_f32`] of `f64` rows.
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn load_columns_f64(rows: &[f64], d: usize, columns: &mut [Self; LANES]) {
-        for (j, column) in columns.iter_mut().enumerate().take(d) {
-            *column = Self::load_column_f64(rows, j, d);
-        }
+        column_by_column::load_f64(rows, d, columns)
     }
     /// The inverse of [`Vector::load_columns_f32`]: `columns[j]` for every
     /// `j < d` as [`Vector::store_column_f32`] stores it.
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store_columns_f32(columns: &[Self; LANES], rows: &mut [f32], d: usize) {
-        for (j, column) in columns.iter().enumerate().take(d) {
-            column.store_column_f32(rows, j, d);
-        }
+        column_by_column::store_f32(columns, rows, d)
     }
     /// [`Vector::store_columns_f32`] into `f64` rows.
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
-        for (j, column) in columns.iter().enumerate().take(d) {
-            column.store_column_f64(rows, j, d);
-        }
+        column_by_column::store_f64(columns, rows, d)
     }
     /// Lanes `width .. 2 · width` moved down to `0 .. width`, for `width`
     /// a power of two below `LANES`; the other lanes hold arbitrary values.
@@ -169,6 +161,41 @@ pub trait Vector: Arith {
             *lane = value;
         }
         Self::from_lanes(&lanes)
+    }
+}
+
+/// The block column moves of [`Vector`] one column at a time, through its
+/// column methods: the moves of every vector type, and of the blocks a type
+/// has no faster move for.
+pub(crate) mod column_by_column {
+    use super::{Vector, LANES};
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub(crate) fn load_f32<V: Vector>(rows: &[f32], d: usize, columns: &mut [V; LANES]) {
+        for (j, column) in columns.iter_mut().enumerate().take(d) {
+            *column = V::load_column_f32(rows, j, d);
+        }
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub(crate) fn load_f64<V: Vector>(rows: &[f64], d: usize, columns: &mut [V; LANES]) {
+        for (j, column) in columns.iter_mut().enumerate().take(d) {
+            *column = V::load_column_f64(rows, j, d);
+        }
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub(crate) fn store_f32<V: Vector>(columns: &[V; LANES], rows: &mut [f32], d: usize) {
+        for (j, column) in columns.iter().enumerate().take(d) {
+            column.store_column_f32(rows, j, d);
+        }
+    }
+
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub(crate) fn store_f64<V: Vector>(columns: &[V; LANES], rows: &mut [f64], d: usize) {
+        for (j, column) in columns.iter().enumerate().take(d) {
+            column.store_column_f64(rows, j, d);
+        }
     }
 }
 

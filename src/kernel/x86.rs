@@ -11,15 +11,19 @@
 //! (exact) and `cvtpd2ps` (round to nearest). So every type gives
 //! the bits of the portable array.
 //!
-//! The vector types are private to the kernels. Their methods execute the
-//! instructions of their feature set, so they must only run inside the
-//! trampolines below, which are only called after feature detection; that
-//! is the safety argument of every `unsafe` block in this file.
+//! The vector types are private to the kernels. Their methods, and the
+//! private helpers below that they call (the `Register` impls and the
+//! column moves of short rows), execute the instructions of their feature
+//! set, so they must only run inside the trampolines below, which are only
+//! called after feature detection; that is the safety argument of every
+//! `unsafe` block in this file.
 
 use std::arch::x86_64::*;
 use std::ops::{Add, Div, Mul, Sub};
 
-use super::simd::{column_lanes, store_column_lanes, Arith, Lanes, Vector, LANES};
+use super::simd::{
+    column_by_column, column_lanes, store_column_lanes, Arith, Lanes, Vector, LANES,
+};
 
 pub(super) fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
@@ -37,7 +41,10 @@ pub(super) fn has_avx512() -> bool {
 /// [`ByRounds`], the lengths listed by [`ByPermutes`]; `$otherwise` for
 /// every other block.
 macro_rules! in_registers {
-    ($d:expr, $whole:expr, $function:ident($first:expr, $second:expr), [$($length:literal),*], $otherwise:block) => {
+    (
+        $d:expr, $whole:expr, $function:ident($first:expr, $second:expr),
+        [$($length:literal),*], $otherwise:block
+    ) => {
         match ($d, $whole) {
             (2, true) => $function::<2, ByRounds>($first, $second),
             (4, true) => $function::<4, ByRounds>($first, $second),
@@ -319,9 +326,10 @@ vector_type! {
         2 => _mm512_shuffle_f64x2::<0x01>(register, register),
         _ => _mm512_permute_pd::<0x55>(register),
     },
-    // Gathers and scatters with the offsets `l · d` from element `j`: one
-    // instruction per 16 `f32` or 8 `f64` lanes, where the portable column
-    // moves one element at a time.
+    // Column moves of short rows: gathers and scatters with the offsets
+    // `l · d` from element `j` (one instruction per 16 `f32` or 8 `f64`
+    // lanes, where the portable column moves one element at a time), and
+    // register moves of whole blocks below.
     columns: {
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn all_within(self, low: f64, high: f64) -> bool {
@@ -405,34 +413,30 @@ vector_type! {
         // So do `f64` rows of 7, where the permutes were no faster.
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
-            in_registers!(d, rows.len() == LANES * d, load_f32_columns(rows, columns), [3, 5, 6, 7], {
-                for (j, column) in columns.iter_mut().enumerate().take(d) {
-                    *column = Self::load_column_f32(rows, j, d);
-                }
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, load_f32_columns(rows, columns), [3, 5, 6, 7], {
+                column_by_column::load_f32(rows, d, columns)
             })
         }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn load_columns_f64(rows: &[f64], d: usize, columns: &mut [Self; LANES]) {
-            in_registers!(d, rows.len() == LANES * d, load_f64_columns(rows, columns), [3, 5, 6], {
-                for (j, column) in columns.iter_mut().enumerate().take(d) {
-                    *column = Self::load_column_f64(rows, j, d);
-                }
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, load_f64_columns(rows, columns), [3, 5, 6], {
+                column_by_column::load_f64(rows, d, columns)
             })
         }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_columns_f32(columns: &[Self; LANES], rows: &mut [f32], d: usize) {
-            in_registers!(d, rows.len() == LANES * d, store_f32_columns(columns, rows), [3, 5, 6, 7], {
-                for (j, column) in columns.iter().enumerate().take(d) {
-                    column.store_column_f32(rows, j, d);
-                }
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, store_f32_columns(columns, rows), [3, 5, 6, 7], {
+                column_by_column::store_f32(columns, rows, d)
             })
         }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
-            in_registers!(d, rows.len() == LANES * d, store_f64_columns(columns, rows), [3, 5, 6], {
-                for (j, column) in columns.iter().enumerate().take(d) {
-                    column.store_column_f64(rows, j, d);
-                }
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, store_f64_columns(columns, rows), [3, 5, 6], {
+                column_by_column::store_f64(columns, rows, d)
             })
         }
     },
@@ -600,10 +604,12 @@ struct ByRounds;
 impl<const D: usize> ColumnMoves<D> for ByRounds {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn columns<R: Register>(rows: [R; D]) -> [R; D] {
+        const { assert!(D.is_power_of_two()) };
         rows_to_columns(rows)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn rows<R: Register>(columns: [R; D]) -> [R; D] {
+        const { assert!(D.is_power_of_two()) };
         columns_to_rows(columns)
     }
 }
@@ -792,6 +798,8 @@ fn permute_pairs<R: Register, const D: usize>(
     for (output, permutes) in outputs.iter_mut().zip(table) {
         for (pair, (indices, lanes)) in permutes.iter().enumerate().take(D.div_ceil(2)) {
             if *lanes != 0 {
+                // For odd `D` the last pair is one register: its indices
+                // all fall in the first half, so any second register does.
                 let second = inputs[(2 * pair + 1).min(D - 1)];
                 *output = inputs[2 * pair].permute_onto(second, indices, *lanes, *output);
             }
