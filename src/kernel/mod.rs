@@ -447,6 +447,10 @@ mod tests {
                     }
                     let what = format!("rms_norm_rows {isa:?} d {d}");
                     assert_same_bits(&block, &one_by_one, &what);
+                    let mut in_place = x.clone();
+                    rms_norm_rows(isa, Io::InPlace(&mut in_place), rows, call.params(), eps);
+                    let what = format!("rms in place {isa:?} d {d}");
+                    assert_same_bits(&in_place, &one_by_one, &what);
                     let mut buffer = vec![A::zero(); x.len() + 3];
                     let io = Io::Stream {
                         input: &x,
