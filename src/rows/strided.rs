@@ -471,7 +471,8 @@ fn matrix_mut<A>(buf: &mut [A], d: usize) -> ArrayViewMut2<'_, A> {
 ///
 /// When neighbouring rows of `src` are closer than neighbouring elements
 /// (Fortran order), the block is copied a strip of columns at a time: with
-/// each column's piece contiguous, through [`LineTile`]; otherwise in tiles
+/// each column's piece contiguous and `dst` one slice, through
+/// [`LineTile`]; otherwise in tiles
 /// of [`TILE_BYTES`] per row, which `Zip` walks row by row (the buffer's
 /// tile leans to C order and the strided one to Fortran order, so the tie
 /// goes to C order). Other layouts are copied by one `assign`, row by row.
@@ -479,10 +480,12 @@ fn copy_block<A: NormScalar>(dst: &mut ArrayViewMut2<'_, A>, src: &ArrayView2<'_
     let d = src.ncols();
     if !by_columns(src.strides()) {
         dst.assign(src);
-    } else if let Some(mut tile) = LineTile::for_block(src) {
+        return;
+    }
+    if let (Some(mut tile), Some(rows)) = (LineTile::for_block(src), dst.as_slice_mut()) {
         for strip in LineTile::<A>::strips(d) {
             tile.load_columns(src, strip.clone());
-            tile.store_rows(dst, strip);
+            tile.store_rows(rows, d, strip);
         }
     } else {
         let tile = (TILE_BYTES / std::mem::size_of::<A>().max(1)).max(1);
@@ -616,27 +619,10 @@ impl<A: NormScalar> LineTile<A> {
         }
     }
 
-    /// Writes the tile into `strip` of the rows of `dst`.
-    fn store_rows(&self, dst: &mut ArrayViewMut2<'_, A>, strip: Range<usize>) {
-        let d = dst.ncols();
-        match dst.as_slice_mut() {
-            Some(all) => {
-                for (r, row) in all.chunks_exact_mut(d).enumerate().take(MAX_BLOCK_ROWS) {
-                    self.row_into(r, &mut row[strip.clone()]);
-                }
-            }
-            None => {
-                for (r, mut row) in dst.rows_mut().into_iter().enumerate().take(MAX_BLOCK_ROWS) {
-                    match row.as_slice_mut() {
-                        Some(row) => self.row_into(r, &mut row[strip.clone()]),
-                        None => {
-                            let values = self.columns.iter().map(|column| column[r]);
-                            let mut part = row.slice_mut(s![strip.clone()]);
-                            part.iter_mut().zip(values).for_each(|(o, v)| *o = v);
-                        }
-                    }
-                }
-            }
+    /// Writes the tile into `strip` of the rows of `d` elements in `rows`.
+    fn store_rows(&self, rows: &mut [A], d: usize, strip: Range<usize>) {
+        for (r, row) in rows.chunks_exact_mut(d).enumerate().take(MAX_BLOCK_ROWS) {
+            self.row_into(r, &mut row[strip.clone()]);
         }
     }
 }
