@@ -443,59 +443,20 @@ vector_type! {
 }
 
 /// An AVX-512 register of `f32` or `f64` lanes, as the column moves of
-/// short rows ([`ColumnMoves`]) handle them: everything is a two-register
-/// permute, with the index tables below.
+/// short rows ([`ColumnMoves`]) handle them.
 trait Register: Copy {
     /// Lanes per register.
     const WIDTH: usize;
     /// Every lane zero.
     fn zero() -> Self;
-    /// Lane `i` set to element `indices[i]` of `self` followed by `next`
-    /// (the first [`Register::WIDTH`] indices count).
-    fn permute(self, next: Self, indices: &[i32; 16]) -> Self;
-    /// The lanes set in `lanes` from `from`, the others from `self`.
-    fn blend(self, lanes: u16, from: Self) -> Self;
-
     /// The even elements of `self` followed by `next`, and the odd ones.
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn split_even_odd(self, next: Self) -> (Self, Self) {
-        (self.permute(next, &EVEN), self.permute(next, &ODD))
-    }
+    fn split_even_odd(self, next: Self) -> (Self, Self);
     /// The inverse of [`Register::split_even_odd`].
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn interleave(even: Self, odd: Self) -> (Self, Self) {
-        let (low, high) = if Self::WIDTH == 16 {
-            (&INTERLEAVE_16[0], &INTERLEAVE_16[1])
-        } else {
-            (&INTERLEAVE_8[0], &INTERLEAVE_8[1])
-        };
-        (even.permute(odd, low), even.permute(odd, high))
-    }
+    fn interleave(even: Self, odd: Self) -> (Self, Self);
+    /// `onto`, with each lane `i` set in `lanes` replaced by element
+    /// `indices[i]` of `self` followed by `next`.
+    fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self;
 }
-
-/// The even elements of two registers (of 16 lanes, or the first 8 for 8).
-const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
-/// The odd elements of two registers, as [`EVEN`].
-const ODD: [i32; 16] = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31];
-/// Two registers of `width` lanes, `even` and `odd`, interleaved: the
-/// indices of the low and of the high half of the result. Output lane `o`
-/// of half `h` is element `h · width / 2 + o / 2` of `even` (`o` even) or
-/// of `odd` (`o` odd, `width` further on).
-const fn interleave_indices(width: usize) -> [[i32; 16]; 2] {
-    let mut halves = [[0; 16]; 2];
-    let mut half = 0;
-    while half < 2 {
-        let mut o = 0;
-        while o < width {
-            halves[half][o] = (half * width / 2 + o / 2 + (o % 2) * width) as i32;
-            o += 1;
-        }
-        half += 1;
-    }
-    halves
-}
-const INTERLEAVE_16: [[i32; 16]; 2] = interleave_indices(16);
-const INTERLEAVE_8: [[i32; 16]; 2] = interleave_indices(8);
 
 impl Register for __m512 {
     const WIDTH: usize = 16;
@@ -505,14 +466,37 @@ impl Register for __m512 {
         unsafe { _mm512_setzero_ps() }
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn permute(self, next: Self, indices: &[i32; 16]) -> Self {
-        // SAFETY: as in `zero`; the load reads the whole array.
-        unsafe { _mm512_permutex2var_ps(self, _mm512_loadu_si512(indices.as_ptr().cast()), next) }
+    fn split_even_odd(self, next: Self) -> (Self, Self) {
+        // SAFETY: as in `zero`.
+        unsafe {
+            let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+            (
+                _mm512_permutex2var_ps(self, even, next),
+                _mm512_permutex2var_ps(self, odd, next),
+            )
+        }
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn blend(self, lanes: u16, from: Self) -> Self {
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
         // SAFETY: as in `zero`.
-        unsafe { _mm512_mask_blend_ps(lanes, self, from) }
+        unsafe {
+            let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            let high =
+                _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+            (
+                _mm512_permutex2var_ps(even, low, odd),
+                _mm512_permutex2var_ps(even, high, odd),
+            )
+        }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self {
+        // SAFETY: as in `zero`; the load reads the whole array.
+        unsafe {
+            let indices = _mm512_loadu_si512(indices.as_ptr().cast());
+            _mm512_mask_blend_ps(lanes, onto, _mm512_permutex2var_ps(self, indices, next))
+        }
     }
 }
 
@@ -524,17 +508,40 @@ impl Register for __m512d {
         unsafe { _mm512_setzero_pd() }
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn permute(self, next: Self, indices: &[i32; 16]) -> Self {
-        // SAFETY: as for `__m512`; the load reads the first half of the array.
+    fn split_even_odd(self, next: Self) -> (Self, Self) {
+        // SAFETY: as for `__m512`.
         unsafe {
-            let indices = _mm512_cvtepi32_epi64(_mm256_loadu_si256(indices.as_ptr().cast()));
-            _mm512_permutex2var_pd(self, indices, next)
+            let even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+            let odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+            (
+                _mm512_permutex2var_pd(self, even, next),
+                _mm512_permutex2var_pd(self, odd, next),
+            )
         }
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn blend(self, lanes: u16, from: Self) -> Self {
-        // SAFETY: as for `__m512`; an 8-lane register has the low 8 bits.
-        unsafe { _mm512_mask_blend_pd(lanes as u8, self, from) }
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        // SAFETY: as for `__m512`.
+        unsafe {
+            let low = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+            let high = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+            (
+                _mm512_permutex2var_pd(even, low, odd),
+                _mm512_permutex2var_pd(even, high, odd),
+            )
+        }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self {
+        // SAFETY: as for `__m512`; the load reads the first half of the array.
+        unsafe {
+            let indices = _mm512_cvtepi32_epi64(_mm256_loadu_si256(indices.as_ptr().cast()));
+            _mm512_mask_blend_pd(
+                lanes as u8,
+                onto,
+                _mm512_permutex2var_pd(self, indices, next),
+            )
+        }
     }
 }
 
@@ -794,7 +801,7 @@ fn permute_pairs<R: Register, const D: usize>(
                 // For odd `D` the last pair is one register: its indices
                 // all fall in the first half, so any second register does.
                 let second = inputs[(2 * pair + 1).min(D - 1)];
-                *output = output.blend(*lanes, inputs[2 * pair].permute(second, indices));
+                *output = inputs[2 * pair].permute_onto(second, indices, *lanes, *output);
             }
         }
     }
