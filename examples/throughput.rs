@@ -28,7 +28,8 @@
 //!   one starts once 0.3 s went into a measurement).
 //!
 //! Sections: `out` (out of cache: `x` of 256 MiB, d = 64 to 16384), `cache`
-//! (`x` of about 256 KiB, the operation repeated), `tiny` (d = 1 to 16, many
+//! (`x` of about 256 KiB, the operation repeated; d = 100 as a row length
+//! that is no multiple of 16), `tiny` (d = 1 to 16, many
 //! rows, all cores) and `strided` (Fortran-order inputs of 256 MiB, marked
 //! `[F]`, and inputs of 128 MiB taking every other element of each row,
 //! `[..;2]`, or every other row, `[..;2,]`; compare with the contiguous rows
@@ -606,7 +607,8 @@ fn sections<A: Elem>(
     }
 
     if wanted.wants("cache") {
-        for d in [64, 768, 4096, 16384] {
+        // d = 100: rows that end in a partial chunk of the kernels' 16 lanes.
+        for d in [64, 100, 768, 4096, 16384] {
             let rows = ((256 << 10) / elem / d).max(1);
             let case = Case {
                 reps: 7,

@@ -45,6 +45,14 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
     /// Stores a kernel vector, rounding each lane once.
     #[doc(hidden)]
     fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]);
+    /// Loads a row's last, partial chunk into the first lanes of a kernel
+    /// vector, widening exactly; the other lanes hold zero.
+    #[doc(hidden)]
+    fn load_partial<V: Vector>(tail: &[Self]) -> V;
+    /// Stores the first `tail.len()` lanes of a kernel vector into a row's
+    /// last, partial chunk, rounding each once.
+    #[doc(hidden)]
+    fn store_partial<V: Vector>(value: V, tail: &mut [Self]);
     /// Stores a kernel vector as [`NormScalar::store`] does, past the caches
     /// where the vector type allows it.
     #[doc(hidden)]
@@ -77,6 +85,14 @@ impl NormScalar for f32 {
         value.store_f32(chunk)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_partial<V: Vector>(tail: &[Self]) -> V {
+        V::load_partial_f32(tail)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_partial<V: Vector>(value: V, tail: &mut [Self]) {
+        value.store_partial_f32(tail)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.stream_f32(chunk)
     }
@@ -106,6 +122,14 @@ impl NormScalar for f64 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store<V: Vector>(value: V, chunk: &mut [Self; LANES]) {
         value.store_f64(chunk)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_partial<V: Vector>(tail: &[Self]) -> V {
+        V::load_partial_f64(tail)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn store_partial<V: Vector>(value: V, tail: &mut [Self]) {
+        value.store_partial_f64(tail)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]) {

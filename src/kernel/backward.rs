@@ -65,7 +65,7 @@
 //! fused multiply-add is used.
 
 use super::portable::{
-    centred_square_sum, centring, centring_first_pass, exact_centring, inverse_root, padded,
+    centred_square_sum, centring, centring_first_pass, exact_centring, inverse_root,
     rescaled_centring, rescaled_rms_scaling, rms_from_squares, rms_scaling, two_sum, variance,
     write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Variance, BLOCK,
 };
@@ -490,8 +490,8 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     if !x_tail.is_empty() {
         if let Some(gain) = gain_chunks.get(x_chunks.len()) {
             let values = (
-                deviate.deviation(A::load(&padded(x_tail))),
-                A::load(&padded(dy_tail)),
+                deviate.deviation(A::load_partial(x_tail)),
+                A::load_partial(dy_tail),
                 V::load_f64(gain),
             );
             let update = flush(step::<V, G_SUM, SQUARES>(sums, values));
@@ -637,14 +637,10 @@ fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
     if let (Some(g), Some(dgamma), Some(dbeta)) =
         (gain.get(whole), dgamma.get_mut(whole), dbeta.get_mut(whole))
     {
-        let dy = A::load::<V>(&padded(dy_tail));
-        let e = deviate.deviation(A::load(&padded(x_tail)));
+        let dy = A::load_partial::<V>(dy_tail);
+        let e = deviate.deviation(A::load_partial(x_tail));
         let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
-        let mut chunk = [A::zero(); LANES];
-        A::store(value, &mut chunk);
-        for (out, value) in dx_tail.iter_mut().zip(chunk) {
-            *out = value;
-        }
+        A::store_partial(value, dx_tail);
         accumulate::<V, G>(dy, n, dgamma, dbeta);
     }
 }

@@ -280,6 +280,7 @@ dispatch! { in backward:
 #[cfg(test)]
 mod tests {
     use super::backward::Gain;
+    use super::simd::LANES;
     use super::*;
 
     /// Rows of awkward lengths and values, deterministic.
@@ -418,15 +419,38 @@ mod tests {
                     &format!("layer_norm_rows {isa:?} d {d}"),
                 );
                 assert_same_bits(&in_place, &one_by_one, &format!("in place {isa:?} d {d}"));
-                // Streamed outputs at every alignment within a 64-byte line.
+                // Streamed outputs at every alignment within a 64-byte line,
+                // between guard elements that must stay as they were.
+                let guard = A::narrow(-7.5);
                 for offset in 0..64 / size_of::<A>() {
-                    let mut buffer = vec![A::zero(); x.len() + offset];
-                    let output = &mut buffer[offset..];
+                    let end = offset + x.len();
+                    let mut buffer = vec![guard; end + LANES];
+                    let output = &mut buffer[offset..end];
                     let io = Io::Stream { input: &x, output };
                     layer_norm_rows(isa, io, rows, params, eps);
                     let what = format!("streamed {isa:?} d {d} offset {offset}");
-                    assert_same_bits(&buffer[offset..], &one_by_one, &what);
+                    assert_same_bits(&buffer[offset..end], &one_by_one, &what);
+                    let mut guards = buffer[..offset].iter().chain(&buffer[end..]);
+                    assert!(guards.all(|&v| v == guard), "{what}: wrote outside");
                 }
+                let mut buffer = vec![guard; x.len() + LANES];
+                let mut input = x.clone();
+                input.extend(std::iter::repeat_n(guard, LANES));
+                let (ahead, behind) = (&mut buffer[..x.len()], &mut input[..x.len()]);
+                layer_norm_rows(
+                    isa,
+                    Io::Copy {
+                        input: &x,
+                        output: ahead,
+                    },
+                    rows,
+                    params,
+                    eps,
+                );
+                layer_norm_rows(isa, Io::InPlace(behind), rows, params, eps);
+                let mut guards = buffer[x.len()..].iter().chain(&input[x.len()..]);
+                let what = format!("layer_norm_rows {isa:?} d {d}");
+                assert!(guards.all(|&v| v == guard), "{what}: wrote past the end");
 
                 for gain in [Affine::Scale(&gamma[..]), Affine::OnePlus(&gamma[..])] {
                     let call = CallParams::new(gain, d, x.len());

@@ -14,6 +14,7 @@
 use std::cell::Cell;
 
 use super::short::SHORT_ROW;
+use super::simd::LANES;
 use super::{cache, widened_gain, Affine};
 use crate::scalar::NormScalar;
 
@@ -22,7 +23,8 @@ use crate::scalar::NormScalar;
 #[derive(Clone, Copy)]
 pub(crate) struct Params<'a, A> {
     pub(super) affine: Affine<'a, A>,
-    /// `affine` in `f64`, with the zero-centred `1 + w` as a plain gain.
+    /// `affine` in `f64`, with the zero-centred `1 + w` as a plain gain,
+    /// each vector padded with zeros to whole chunks.
     pub(super) wide: Option<Affine<'a, f64>>,
     /// Whether the row walk asks for rows ahead (see
     /// [`cache::worth_prefetching`]).
@@ -90,11 +92,16 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
         // Taken out while the call runs: a nested call gets its own.
         let mut wide = KEPT.try_with(Cell::take).unwrap_or_default();
         wide.clear();
+        // Each vector padded with zeros to whole chunks: a row's last,
+        // partial chunk then reads its parameters with whole loads.
+        let padded = gamma.len().next_multiple_of(LANES);
         wide.extend(widened_gain(gamma, one_plus));
+        wide.resize(padded, 0.0);
         let beta_at = match beta {
             Some(beta) => {
                 wide.extend(beta.iter().map(|&b| b.widen()));
-                gamma.len()
+                wide.resize(2 * padded, 0.0);
+                padded
             }
             None => 0,
         };

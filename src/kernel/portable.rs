@@ -70,6 +70,8 @@ pub(super) const HUGE_MAGNITUDE: f64 = 1e290;
 /// How a chunk is read: as is, or times an exact power of two.
 trait Load: Copy {
     fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V;
+    /// A row's last, partial chunk, the other lanes zero.
+    fn load_partial<A: NormScalar, V: Vector>(self, tail: &[A]) -> V;
 }
 
 #[derive(Clone, Copy)]
@@ -79,6 +81,10 @@ impl Load for Unscaled {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
         A::load(chunk)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_partial<A: NormScalar, V: Vector>(self, tail: &[A]) -> V {
+        A::load_partial(tail)
     }
 }
 
@@ -90,16 +96,10 @@ impl Load for Scaled {
     fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
         A::load::<V>(chunk) * V::splat(self.0)
     }
-}
-
-/// A chunk-sized copy of `tail` (shorter than a chunk), padded with zeros.
-#[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn padded<A: NormScalar>(tail: &[A]) -> [A; LANES] {
-    let mut chunk = [A::zero(); LANES];
-    for (slot, &value) in chunk.iter_mut().zip(tail) {
-        *slot = value;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn load_partial<A: NormScalar, V: Vector>(self, tail: &[A]) -> V {
+        A::load_partial::<V>(tail) * V::splat(self.0)
     }
-    chunk
 }
 
 /// Accumulator state that can keep only some lanes of an update.
@@ -158,7 +158,7 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
         state = fold.flush(state);
     }
     if !tail.is_empty() {
-        let update = fold.flush(fold.step(state, load.load(&padded(tail))));
+        let update = fold.flush(fold.step(state, load.load_partial(tail)));
         state = update.blend(state, tail.len());
     }
     state
@@ -173,7 +173,7 @@ pub(super) fn lane_sum<V: Vector>(mut v: V) -> f64 {
         width /= 2;
         v = v + v.lanes_from(width);
     }
-    v.to_lanes()[0]
+    v.first_lane()
 }
 
 /// The smallest lane of `min` and the largest of `max`, by the same tree.
@@ -185,7 +185,7 @@ fn lane_min_max<V: Vector>(mut min: V, mut max: V) -> (f64, f64) {
         min = min.min_select(min.lanes_from(width));
         max = max.max_select(max.lanes_from(width));
     }
-    (min.to_lanes()[0], max.to_lanes()[0])
+    (min.first_lane(), max.first_lane())
 }
 
 /// Knuth's TwoSum: `sum + err == a + b` exactly, whatever the magnitudes.
@@ -239,7 +239,7 @@ impl<V: Vector> CompensatedSum<V> {
             low = (low + low.lanes_from(width)) + err;
             high = sum;
         }
-        let (hi, lo) = two_sum(high.to_lanes()[0], low.to_lanes()[0]);
+        let (hi, lo) = two_sum(high.first_lane(), low.first_lane());
         Pair { hi, lo }
     }
 }
@@ -1040,7 +1040,7 @@ fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
             let (head_input, input) = input.split_at(head);
             let (head_output, output) = output.split_at_mut(head);
             // Fewer than a chunk's elements: written as a row's last chunk is.
-            write_tail::<A, V, N, F>(&padded(head_input), head_output, 0, features, norm);
+            write_tail::<A, V, N, F>(head_input, head_output, 0, features, norm);
             let (_, features) = features.split_at(head);
             write_chunks::<A, V, N, F, Streaming>(input, output, features, norm);
         }
@@ -1052,32 +1052,44 @@ trait Features: Copy {
     /// The features before `at` and from `at` on (`at` at most the row
     /// length).
     fn split_at(self, at: usize) -> (Self, Self);
-    /// `n` at the chunk of features starting at `start`, read as `C` reads.
-    fn apply<V: Vector, C: FeatureChunk>(self, n: V, start: usize) -> V;
+    /// `n` at the chunk of features `chunk`.
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, chunk: C) -> V;
 }
 
-/// How a [`Features`] step reads its chunk of a per-feature vector.
-trait FeatureChunk {
-    fn load<P: NormScalar, V: Vector>(v: &[P], start: usize) -> V;
+/// Which chunk of a per-feature vector a [`Features`] step reads, and how.
+trait FeatureChunk: Copy {
+    fn load<P: NormScalar, V: Vector>(self, v: &[P]) -> V;
 }
 
-/// A whole chunk within the row.
-struct Whole;
+/// The whole chunk that starts at feature `.0`.
+#[derive(Clone, Copy)]
+struct Whole(usize);
 
 impl FeatureChunk for Whole {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load<P: NormScalar, V: Vector>(v: &[P], start: usize) -> V {
-        P::load(&v[start..start + LANES].as_chunks::<LANES>().0[0])
+    fn load<P: NormScalar, V: Vector>(self, v: &[P]) -> V {
+        P::load(&v[self.0..self.0 + LANES].as_chunks::<LANES>().0[0])
     }
 }
 
-/// The last, partial chunk, from `start` on, padded with zeros.
-struct Padded;
+/// The `count` features from `start` on (fewer than a chunk), in the first
+/// lanes. Read with a whole load where the vector holds a whole chunk from
+/// `start` on (the widened parameters are padded to whole chunks for this),
+/// the other lanes' outputs being dropped.
+#[derive(Clone, Copy)]
+struct Partial {
+    start: usize,
+    count: usize,
+}
 
-impl FeatureChunk for Padded {
+impl FeatureChunk for Partial {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load<P: NormScalar, V: Vector>(v: &[P], start: usize) -> V {
-        P::load(&padded(&v[start..]))
+    fn load<P: NormScalar, V: Vector>(self, v: &[P]) -> V {
+        let Partial { start, count } = self;
+        match v[start..].as_chunks::<LANES>().0.first() {
+            Some(chunk) => P::load(chunk),
+            None => P::load_partial(&v[start..start + count]),
+        }
     }
 }
 
@@ -1091,7 +1103,7 @@ impl Features for NoParams {
         (NoParams, NoParams)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply<V: Vector, C: FeatureChunk>(self, n: V, _start: usize) -> V {
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, _chunk: C) -> V {
         n
     }
 }
@@ -1108,8 +1120,8 @@ impl<P: NormScalar, const ONE_PLUS: bool> Features for Gain<'_, P, ONE_PLUS> {
         (Gain(head), Gain(rest))
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply<V: Vector, C: FeatureChunk>(self, n: V, start: usize) -> V {
-        let weight = C::load::<P, V>(self.0, start);
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, chunk: C) -> V {
+        let weight = chunk.load::<P, V>(self.0);
         if ONE_PLUS {
             n * (weight + V::splat(1.0))
         } else {
@@ -1133,8 +1145,8 @@ impl<P: NormScalar> Features for GainShift<'_, P> {
         )
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn apply<V: Vector, C: FeatureChunk>(self, n: V, start: usize) -> V {
-        n * C::load::<P, V>(self.0, start) + C::load::<P, V>(self.1, start)
+    fn apply<V: Vector, C: FeatureChunk>(self, n: V, chunk: C) -> V {
+        n * chunk.load::<P, V>(self.0) + chunk.load::<P, V>(self.1)
     }
 }
 
@@ -1165,8 +1177,8 @@ impl Store for Streaming {
 
 /// [`write_row`] from `input` into `output` (a row, or part of one:
 /// `features` starts at the same feature), whole chunks stored by `S`; the
-/// last, partial chunk is padded with zeros and only its real elements are
-/// written.
+/// last, partial chunk is loaded padded with zeros and only its real
+/// elements are written.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store>(
     input: &[A],
@@ -1177,17 +1189,11 @@ fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store
     let (sources, source_tail) = input.as_chunks::<LANES>();
     let (destinations, destination_tail) = output.as_chunks_mut::<LANES>();
     for (k, (destination, source)) in destinations.iter_mut().zip(sources).enumerate() {
-        let value = features.apply::<V, Whole>(norm.apply(A::load::<V>(source)), k * LANES);
+        let value = features.apply(norm.apply(A::load::<V>(source)), Whole(k * LANES));
         S::store::<A, V>(value, destination);
     }
     let start = destinations.len() * LANES;
-    write_tail::<A, V, N, F>(
-        &padded(source_tail),
-        destination_tail,
-        start,
-        features,
-        norm,
-    );
+    write_tail::<A, V, N, F>(source_tail, destination_tail, start, features, norm);
 }
 
 /// [`write_chunks`] of a row normalised in place, with plain stores.
@@ -1199,32 +1205,47 @@ fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>
 ) {
     let (chunks, tail) = row.as_chunks_mut::<LANES>();
     for (k, chunk) in chunks.iter_mut().enumerate() {
-        let value = features.apply::<V, Whole>(norm.apply(A::load::<V>(chunk)), k * LANES);
+        let value = features.apply(norm.apply(A::load::<V>(chunk)), Whole(k * LANES));
         A::store::<V>(value, chunk);
     }
-    let start = chunks.len() * LANES;
-    write_tail::<A, V, N, F>(&padded(tail), tail, start, features, norm);
+    if !tail.is_empty() {
+        let start = chunks.len() * LANES;
+        let value = tail_value::<A, V, N, F>(tail, start, features, norm);
+        A::store_partial(value, tail);
+    }
 }
 
-/// The last, partial chunk of a row: `source` (padded) into `destination`
-/// (the real elements, possibly none), which start at feature `start`.
+/// The last, partial chunk of a row: `source` into `destination` (of the
+/// same length, fewer than a chunk, possibly none), which start at feature
+/// `start`.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
-    source: &[A; LANES],
+    source: &[A],
     destination: &mut [A],
     start: usize,
     features: F,
     norm: N,
 ) {
-    if destination.is_empty() {
-        return;
+    if !destination.is_empty() {
+        let value = tail_value::<A, V, N, F>(source, start, features, norm);
+        A::store_partial(value, destination);
     }
-    let value = features.apply::<V, Padded>(norm.apply(A::load::<V>(source)), start);
-    let mut chunk = [A::zero(); LANES];
-    A::store(value, &mut chunk);
-    for (out, value) in destination.iter_mut().zip(chunk) {
-        *out = value;
-    }
+}
+
+/// The outputs of a partial chunk `source` that starts at feature `start`,
+/// in its first lanes.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn tail_value<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
+    source: &[A],
+    start: usize,
+    features: F,
+    norm: N,
+) -> V {
+    let chunk = Partial {
+        start,
+        count: source.len(),
+    };
+    features.apply(norm.apply(A::load_partial::<V>(source)), chunk)
 }
 
 /// LayerNorm of `rows` consecutive rows of `io`: short rows sixteen at a

@@ -22,7 +22,8 @@ use std::arch::x86_64::*;
 use std::ops::{Add, Div, Mul, Sub};
 
 use super::simd::{
-    column_by_column, column_lanes, store_column_lanes, Arith, Lanes, Vector, LANES,
+    chunk_stays_in_page, column_by_column, column_lanes, store_column_lanes, through_chunk, Arith,
+    Lanes, Vector, LANES,
 };
 
 pub(super) fn has_avx2() -> bool {
@@ -69,7 +70,8 @@ macro_rules! vector_type {
         stream: $stream:ident,
         stream_f32: |$stream_value:ident, $stream_dst:ident| $stream_f32:expr,
         within_register: |$reg:ident, $half:ident| $within:expr,
-        columns: { $($columns:tt)* } $(,)?
+        first: $first:ident,
+        overrides: { $($overrides:tt)* } $(,)?
     ) => {
         $(#[$doc])*
         #[derive(Clone, Copy)]
@@ -275,7 +277,13 @@ macro_rules! vector_type {
                 $name(out)
             }
 
-            $($columns)*
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn first_lane(self) -> f64 {
+                // SAFETY: see the module docs: only reached with the features enabled.
+                unsafe { $first(self.0[0]) }
+            }
+
+            $($overrides)*
         }
     };
 }
@@ -291,7 +299,8 @@ vector_type! {
     stream: _mm_stream_pd,
     stream_f32: |value, dst| _mm_stream_si64(dst as *mut i64, _mm_cvtsi128_si64(_mm_castps_si128(_mm_cvtpd_ps(value)))),
     within_register: |register, _half| _mm_unpackhi_pd(register, register),
-    columns: {},
+    first: _mm_cvtsd_f64,
+    overrides: {},
 }
 
 vector_type! {
@@ -308,7 +317,98 @@ vector_type! {
         2 => _mm256_permute2f128_pd::<0x01>(register, register),
         _ => _mm256_permute_pd::<0b0101>(register),
     },
-    columns: {},
+    first: _mm256_cvtsd_f64,
+    // A row's last, partial chunk by masked moves, which touch no memory
+    // outside the mask, rather than through a padded copy on the stack
+    // (whose scalar stores a vector load cannot take forwarded). Registers
+    // wholly past the tail are not moved at all.
+    overrides: {
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_partial_f64(tail: &[f64]) -> Self {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::load_f64(tail);
+            }
+            let mut out = Self::splat(0.0).0;
+            for (i, register) in out.iter_mut().enumerate() {
+                if 4 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: `4 · i < tail.len()`, so the pointer lies inside
+                // `tail`; the masked load reads only the lanes below
+                // `tail.len()`, all inside `tail`, and its lanes that are off
+                // lie on the page of `tail`'s last element
+                // (`chunk_stays_in_page`); features: module docs.
+                *register = unsafe {
+                    let (first, mask) = (tail.as_ptr().add(4 * i), avx2_mask(tail.len(), i));
+                    _mm256_maskload_pd(first, mask)
+                };
+            }
+            Avx2(out)
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_partial_f32(tail: &[f32]) -> Self {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::load_f32(tail);
+            }
+            let mut out = Self::splat(0.0).0;
+            for (i, register) in out.iter_mut().enumerate() {
+                if 4 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: as in `load_partial_f64`.
+                *register = unsafe {
+                    let (first, mask) = (tail.as_ptr().add(4 * i), avx2_mask_32(tail.len(), i));
+                    _mm256_cvtps_pd(_mm_maskload_ps(first, mask))
+                };
+            }
+            Avx2(out)
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_partial_f64(self, tail: &mut [f64]) {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::store_f64(self, tail);
+            }
+            for (i, &register) in self.0.iter().enumerate() {
+                if 4 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: as in `load_partial_f64`: only the lanes below
+                // `tail.len()` are written, all inside `tail`.
+                unsafe {
+                    let (first, mask) = (tail.as_mut_ptr().add(4 * i), avx2_mask(tail.len(), i));
+                    _mm256_maskstore_pd(first, mask, register)
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_partial_f32(self, tail: &mut [f32]) {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::store_f32(self, tail);
+            }
+            for (i, &register) in self.0.iter().enumerate() {
+                if 4 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: as in `store_partial_f64`.
+                unsafe {
+                    let (first, mask) = (tail.as_mut_ptr().add(4 * i), avx2_mask_32(tail.len(), i));
+                    _mm_maskstore_ps(first, mask, _mm256_cvtpd_ps(register))
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn blend(self, old: Self, active: usize) -> Self {
+            let mut out = old.0;
+            for (i, register) in out.iter_mut().enumerate() {
+                // SAFETY: see the module docs: only reached with the features enabled.
+                *register = unsafe {
+                    let mask = _mm256_castsi256_pd(avx2_mask(active, i));
+                    _mm256_blendv_pd(*register, self.0[i], mask)
+                };
+            }
+            Avx2(out)
+        }
+    },
 }
 
 vector_type! {
@@ -326,11 +426,96 @@ vector_type! {
         2 => _mm512_shuffle_f64x2::<0x01>(register, register),
         _ => _mm512_permute_pd::<0x55>(register),
     },
+    first: _mm512_cvtsd_f64,
     // Column moves of short rows: gathers and scatters with the offsets
     // `l · d` from element `j` (one instruction per 16 `f32` or 8 `f64`
     // lanes, where the portable column moves one element at a time), and
     // register moves of whole blocks below.
-    columns: {
+    overrides: {
+        // A row's last, partial chunk by masked moves, as for `Avx2`.
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_partial_f64(tail: &[f64]) -> Self {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::load_f64(tail);
+            }
+            let mut out = Self::splat(0.0).0;
+            for (i, register) in out.iter_mut().enumerate() {
+                if 8 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: `8 · i < tail.len()`, so the pointer lies inside
+                // `tail`; the masked load reads only the lanes below
+                // `tail.len()`, all inside `tail`, and its lanes that are off
+                // lie on the page of `tail`'s last element
+                // (`chunk_stays_in_page`); features: module docs.
+                *register = unsafe {
+                    let (first, mask) = (tail.as_ptr().add(8 * i), avx512_mask(tail.len(), i));
+                    _mm512_maskz_loadu_pd(mask, first)
+                };
+            }
+            Avx512(out)
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_partial_f32(tail: &[f32]) -> Self {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::load_f32(tail);
+            }
+            let mut out = Self::splat(0.0).0;
+            for (i, register) in out.iter_mut().enumerate() {
+                if 8 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: as in `load_partial_f64`.
+                *register = unsafe {
+                    let (first, mask) = (tail.as_ptr().add(8 * i), avx512_mask(tail.len(), i));
+                    _mm512_cvtps_pd(_mm256_maskz_loadu_ps(mask, first))
+                };
+            }
+            Avx512(out)
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_partial_f64(self, tail: &mut [f64]) {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::store_f64(self, tail);
+            }
+            for (i, &register) in self.0.iter().enumerate() {
+                if 8 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: as in `load_partial_f64`: only the lanes below
+                // `tail.len()` are written, all inside `tail`.
+                unsafe {
+                    let (first, mask) = (tail.as_mut_ptr().add(8 * i), avx512_mask(tail.len(), i));
+                    _mm512_mask_storeu_pd(first, mask, register)
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_partial_f32(self, tail: &mut [f32]) {
+            if !chunk_stays_in_page(tail) {
+                return through_chunk::store_f32(self, tail);
+            }
+            for (i, &register) in self.0.iter().enumerate() {
+                if 8 * i >= tail.len() {
+                    break;
+                }
+                // SAFETY: as in `store_partial_f64`.
+                unsafe {
+                    let (first, mask) = (tail.as_mut_ptr().add(8 * i), avx512_mask(tail.len(), i));
+                    _mm256_mask_storeu_ps(first, mask, _mm512_cvtpd_ps(register))
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn blend(self, old: Self, active: usize) -> Self {
+            let mut out = old.0;
+            for (i, register) in out.iter_mut().enumerate() {
+                // SAFETY: see the module docs: only reached with the features enabled.
+                *register =
+                    unsafe { _mm512_mask_blend_pd(avx512_mask(active, i), *register, self.0[i]) };
+            }
+            Avx512(out)
+        }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn all_within(self, low: f64, high: f64) -> bool {
             // SAFETY: see the module docs: only reached with the features enabled.
@@ -806,6 +991,30 @@ fn permute_pairs<R: Register, const D: usize>(
         }
     }
     outputs
+}
+
+/// The lanes of register `register` (of 8) that lie below lane `count`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx512_mask(count: usize, register: usize) -> __mmask8 {
+    let below = count.saturating_sub(8 * register).min(8);
+    ((1u16 << below) - 1) as __mmask8
+}
+
+/// The lanes of register `register` (of 4 `f64`) that lie below lane
+/// `count`: all bits set in those lanes, none in the others.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx2_mask(count: usize, register: usize) -> __m256i {
+    let below = count.saturating_sub(4 * register).min(4) as i64;
+    // SAFETY: see the module docs: only reached with the features enabled.
+    unsafe { _mm256_cmpgt_epi64(_mm256_set1_epi64x(below), _mm256_setr_epi64x(0, 1, 2, 3)) }
+}
+
+/// [`avx2_mask`] for the 4 `f32` that widen into that register.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx2_mask_32(count: usize, register: usize) -> __m128i {
+    let below = count.saturating_sub(4 * register).min(4) as i32;
+    // SAFETY: see the module docs: only reached with the features enabled.
+    unsafe { _mm_cmpgt_epi32(_mm_set1_epi32(below), _mm_setr_epi32(0, 1, 2, 3)) }
 }
 
 /// Whether the 16 elements `l · d + j` of a column lie inside rows of
