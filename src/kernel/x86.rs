@@ -57,7 +57,8 @@ macro_rules! in_registers {
     };
 }
 
-/// Defines a vector type of `$count` registers of `$width` lanes.
+/// Defines a vector type of `$count` registers of `$width` lanes, with
+/// masked moves of partial chunks where `partial` gives them.
 macro_rules! vector_type {
     (
         $(#[$doc:meta])*
@@ -71,6 +72,16 @@ macro_rules! vector_type {
         stream_f32: |$stream_value:ident, $stream_dst:ident| $stream_f32:expr,
         within_register: |$reg:ident, $half:ident| $within:expr,
         first: $first:ident,
+        $(partial: {
+            mask: $mask:ident, mask_f32: $mask_f32:ident,
+            load: |$load_first:ident, $load_mask:ident| $load_partial:expr,
+            load_f32: |$load32_first:ident, $load32_mask:ident| $load_partial_f32:expr,
+            store: |$store_first:ident, $store_mask:ident, $store_partial_value:ident|
+                $store_partial:expr,
+            store_f32: |$store32_first:ident, $store32_mask:ident, $store32_value:ident|
+                $store_partial_f32:expr,
+            blend: |$blend_mask:ident, $blend_old:ident, $blend_new:ident| $blend:expr,
+        },)?
         overrides: { $($overrides:tt)* } $(,)?
     ) => {
         $(#[$doc])*
@@ -283,6 +294,104 @@ macro_rules! vector_type {
                 unsafe { $first(self.0[0]) }
             }
 
+            // A row's last, partial chunk by masked moves, which touch no
+            // memory outside the mask, rather than through a padded copy on
+            // the stack (whose scalar stores a vector load cannot take
+            // forwarded). Registers wholly past the tail are not moved.
+            $(
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn load_partial_f64(tail: &[f64]) -> Self {
+                if !chunk_stays_in_page(tail) {
+                    return through_chunk::load_f64(tail);
+                }
+                let mut out = Self::splat(0.0).0;
+                for (i, register) in out.iter_mut().enumerate() {
+                    if $width * i >= tail.len() {
+                        break;
+                    }
+                    // SAFETY: `$width · i < tail.len()`, so the pointer lies
+                    // inside `tail`; the masked load reads only the lanes
+                    // below `tail.len()`, all inside `tail`, and its lanes
+                    // that are off lie on the page of `tail`'s last element
+                    // (`chunk_stays_in_page`); features: module docs.
+                    *register = unsafe {
+                        let $load_first = tail.as_ptr().add($width * i);
+                        let $load_mask = $mask(tail.len(), i);
+                        $load_partial
+                    };
+                }
+                $name(out)
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn load_partial_f32(tail: &[f32]) -> Self {
+                if !chunk_stays_in_page(tail) {
+                    return through_chunk::load_f32(tail);
+                }
+                let mut out = Self::splat(0.0).0;
+                for (i, register) in out.iter_mut().enumerate() {
+                    if $width * i >= tail.len() {
+                        break;
+                    }
+                    // SAFETY: as in `load_partial_f64`.
+                    *register = unsafe {
+                        let $load32_first = tail.as_ptr().add($width * i);
+                        let $load32_mask = $mask_f32(tail.len(), i);
+                        $load_partial_f32
+                    };
+                }
+                $name(out)
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn store_partial_f64(self, tail: &mut [f64]) {
+                if !chunk_stays_in_page(tail) {
+                    return through_chunk::store_f64(self, tail);
+                }
+                for (i, &$store_partial_value) in self.0.iter().enumerate() {
+                    if $width * i >= tail.len() {
+                        break;
+                    }
+                    // SAFETY: as in `load_partial_f64`: only the lanes below
+                    // `tail.len()` are written, all inside `tail`.
+                    unsafe {
+                        let $store_first = tail.as_mut_ptr().add($width * i);
+                        let $store_mask = $mask(tail.len(), i);
+                        $store_partial
+                    }
+                }
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn store_partial_f32(self, tail: &mut [f32]) {
+                if !chunk_stays_in_page(tail) {
+                    return through_chunk::store_f32(self, tail);
+                }
+                for (i, &$store32_value) in self.0.iter().enumerate() {
+                    if $width * i >= tail.len() {
+                        break;
+                    }
+                    // SAFETY: as in `store_partial_f64`.
+                    unsafe {
+                        let $store32_first = tail.as_mut_ptr().add($width * i);
+                        let $store32_mask = $mask_f32(tail.len(), i);
+                        $store_partial_f32
+                    }
+                }
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn blend(self, old: Self, active: usize) -> Self {
+                let mut out = old.0;
+                for (i, register) in out.iter_mut().enumerate() {
+                    // SAFETY: see the module docs: only reached with the
+                    // features enabled.
+                    *register = unsafe {
+                        let ($blend_mask, $blend_old, $blend_new) =
+                            ($mask(active, i), *register, self.0[i]);
+                        $blend
+                    };
+                }
+                $name(out)
+            }
+            )?
+
             $($overrides)*
         }
     };
@@ -318,97 +427,15 @@ vector_type! {
         _ => _mm256_permute_pd::<0b0101>(register),
     },
     first: _mm256_cvtsd_f64,
-    // A row's last, partial chunk by masked moves, which touch no memory
-    // outside the mask, rather than through a padded copy on the stack
-    // (whose scalar stores a vector load cannot take forwarded). Registers
-    // wholly past the tail are not moved at all.
-    overrides: {
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn load_partial_f64(tail: &[f64]) -> Self {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::load_f64(tail);
-            }
-            let mut out = Self::splat(0.0).0;
-            for (i, register) in out.iter_mut().enumerate() {
-                if 4 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: `4 · i < tail.len()`, so the pointer lies inside
-                // `tail`; the masked load reads only the lanes below
-                // `tail.len()`, all inside `tail`, and its lanes that are off
-                // lie on the page of `tail`'s last element
-                // (`chunk_stays_in_page`); features: module docs.
-                *register = unsafe {
-                    let (first, mask) = (tail.as_ptr().add(4 * i), avx2_mask(tail.len(), i));
-                    _mm256_maskload_pd(first, mask)
-                };
-            }
-            Avx2(out)
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn load_partial_f32(tail: &[f32]) -> Self {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::load_f32(tail);
-            }
-            let mut out = Self::splat(0.0).0;
-            for (i, register) in out.iter_mut().enumerate() {
-                if 4 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: as in `load_partial_f64`.
-                *register = unsafe {
-                    let (first, mask) = (tail.as_ptr().add(4 * i), avx2_mask_32(tail.len(), i));
-                    _mm256_cvtps_pd(_mm_maskload_ps(first, mask))
-                };
-            }
-            Avx2(out)
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn store_partial_f64(self, tail: &mut [f64]) {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::store_f64(self, tail);
-            }
-            for (i, &register) in self.0.iter().enumerate() {
-                if 4 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: as in `load_partial_f64`: only the lanes below
-                // `tail.len()` are written, all inside `tail`.
-                unsafe {
-                    let (first, mask) = (tail.as_mut_ptr().add(4 * i), avx2_mask(tail.len(), i));
-                    _mm256_maskstore_pd(first, mask, register)
-                }
-            }
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn store_partial_f32(self, tail: &mut [f32]) {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::store_f32(self, tail);
-            }
-            for (i, &register) in self.0.iter().enumerate() {
-                if 4 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: as in `store_partial_f64`.
-                unsafe {
-                    let (first, mask) = (tail.as_mut_ptr().add(4 * i), avx2_mask_32(tail.len(), i));
-                    _mm_maskstore_ps(first, mask, _mm256_cvtpd_ps(register))
-                }
-            }
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn blend(self, old: Self, active: usize) -> Self {
-            let mut out = old.0;
-            for (i, register) in out.iter_mut().enumerate() {
-                // SAFETY: see the module docs: only reached with the features enabled.
-                *register = unsafe {
-                    let mask = _mm256_castsi256_pd(avx2_mask(active, i));
-                    _mm256_blendv_pd(*register, self.0[i], mask)
-                };
-            }
-            Avx2(out)
-        }
+    partial: {
+        mask: avx2_mask, mask_f32: avx2_mask_32,
+        load: |first, mask| _mm256_maskload_pd(first, mask),
+        load_f32: |first, mask| _mm256_cvtps_pd(_mm_maskload_ps(first, mask)),
+        store: |first, mask, value| _mm256_maskstore_pd(first, mask, value),
+        store_f32: |first, mask, value| _mm_maskstore_ps(first, mask, _mm256_cvtpd_ps(value)),
+        blend: |mask, old, new| _mm256_blendv_pd(old, new, _mm256_castsi256_pd(mask)),
     },
+    overrides: {},
 }
 
 vector_type! {
@@ -427,95 +454,19 @@ vector_type! {
         _ => _mm512_permute_pd::<0x55>(register),
     },
     first: _mm512_cvtsd_f64,
+    partial: {
+        mask: avx512_mask, mask_f32: avx512_mask,
+        load: |first, mask| _mm512_maskz_loadu_pd(mask, first),
+        load_f32: |first, mask| _mm512_cvtps_pd(_mm256_maskz_loadu_ps(mask, first)),
+        store: |first, mask, value| _mm512_mask_storeu_pd(first, mask, value),
+        store_f32: |first, mask, value| _mm256_mask_storeu_ps(first, mask, _mm512_cvtpd_ps(value)),
+        blend: |mask, old, new| _mm512_mask_blend_pd(mask, old, new),
+    },
     // Column moves of short rows: gathers and scatters with the offsets
     // `l · d` from element `j` (one instruction per 16 `f32` or 8 `f64`
     // lanes, where the portable column moves one element at a time), and
     // register moves of whole blocks below.
     overrides: {
-        // A row's last, partial chunk by masked moves, as for `Avx2`.
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn load_partial_f64(tail: &[f64]) -> Self {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::load_f64(tail);
-            }
-            let mut out = Self::splat(0.0).0;
-            for (i, register) in out.iter_mut().enumerate() {
-                if 8 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: `8 · i < tail.len()`, so the pointer lies inside
-                // `tail`; the masked load reads only the lanes below
-                // `tail.len()`, all inside `tail`, and its lanes that are off
-                // lie on the page of `tail`'s last element
-                // (`chunk_stays_in_page`); features: module docs.
-                *register = unsafe {
-                    let (first, mask) = (tail.as_ptr().add(8 * i), avx512_mask(tail.len(), i));
-                    _mm512_maskz_loadu_pd(mask, first)
-                };
-            }
-            Avx512(out)
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn load_partial_f32(tail: &[f32]) -> Self {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::load_f32(tail);
-            }
-            let mut out = Self::splat(0.0).0;
-            for (i, register) in out.iter_mut().enumerate() {
-                if 8 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: as in `load_partial_f64`.
-                *register = unsafe {
-                    let (first, mask) = (tail.as_ptr().add(8 * i), avx512_mask(tail.len(), i));
-                    _mm512_cvtps_pd(_mm256_maskz_loadu_ps(mask, first))
-                };
-            }
-            Avx512(out)
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn store_partial_f64(self, tail: &mut [f64]) {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::store_f64(self, tail);
-            }
-            for (i, &register) in self.0.iter().enumerate() {
-                if 8 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: as in `load_partial_f64`: only the lanes below
-                // `tail.len()` are written, all inside `tail`.
-                unsafe {
-                    let (first, mask) = (tail.as_mut_ptr().add(8 * i), avx512_mask(tail.len(), i));
-                    _mm512_mask_storeu_pd(first, mask, register)
-                }
-            }
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn store_partial_f32(self, tail: &mut [f32]) {
-            if !chunk_stays_in_page(tail) {
-                return through_chunk::store_f32(self, tail);
-            }
-            for (i, &register) in self.0.iter().enumerate() {
-                if 8 * i >= tail.len() {
-                    break;
-                }
-                // SAFETY: as in `store_partial_f64`.
-                unsafe {
-                    let (first, mask) = (tail.as_mut_ptr().add(8 * i), avx512_mask(tail.len(), i));
-                    _mm256_mask_storeu_ps(first, mask, _mm512_cvtpd_ps(register))
-                }
-            }
-        }
-        #[cfg_attr(not(debug_assertions), inline(always))]
-        fn blend(self, old: Self, active: usize) -> Self {
-            let mut out = old.0;
-            for (i, register) in out.iter_mut().enumerate() {
-                // SAFETY: see the module docs: only reached with the features enabled.
-                *register =
-                    unsafe { _mm512_mask_blend_pd(avx512_mask(active, i), *register, self.0[i]) };
-            }
-            Avx512(out)
-        }
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn all_within(self, low: f64, high: f64) -> bool {
             // SAFETY: see the module docs: only reached with the features enabled.
