@@ -345,6 +345,32 @@ mod tests {
         }
     }
 
+    /// Rows whose last chunk ends at every position up to a chunk before
+    /// a page boundary, so that their tails take both the masked moves and
+    /// the stack copy of the vector types that have both.
+    #[test]
+    fn tails_next_to_a_page_boundary_give_the_same_bits() {
+        const PAGE: usize = 4096;
+        for row in rows().into_iter().filter(|row| row.len() % LANES != 0) {
+            let d = row.len();
+            let narrow: Vec<f32> = row.iter().map(|&v| v as f32).collect();
+            let mut wide = vec![0.0; 2 * d + PAGE];
+            let mut single = vec![0.0f32; 2 * d + PAGE];
+            // The first page boundary with the row and a chunk before it.
+            let boundary = |base: usize| ((base + d * 8 + LANES * 8) / PAGE + 1) * PAGE;
+            let wide_end = (boundary(wide.as_ptr() as usize) - wide.as_ptr() as usize) / 8;
+            let single_end = (boundary(single.as_ptr() as usize) - single.as_ptr() as usize) / 4;
+            for gap in 0..LANES {
+                let place = wide_end - gap - d..wide_end - gap;
+                wide[place.clone()].copy_from_slice(&row);
+                check_all_paths(&wide[place]);
+                let place = single_end - gap - d..single_end - gap;
+                single[place.clone()].copy_from_slice(&narrow);
+                check_all_paths(&single[place]);
+            }
+        }
+    }
+
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
         println!("instruction sets on this CPU: {:?}", Isa::available());
@@ -436,20 +462,22 @@ mod tests {
                 let mut buffer = vec![guard; x.len() + LANES];
                 let mut input = x.clone();
                 input.extend(std::iter::repeat_n(guard, LANES));
-                let (ahead, behind) = (&mut buffer[..x.len()], &mut input[..x.len()]);
+                let (copied, in_place) = (&mut buffer[..x.len()], &mut input[..x.len()]);
                 layer_norm_rows(
                     isa,
                     Io::Copy {
                         input: &x,
-                        output: ahead,
+                        output: copied,
                     },
                     rows,
                     params,
                     eps,
                 );
-                layer_norm_rows(isa, Io::InPlace(behind), rows, params, eps);
-                let mut guards = buffer[x.len()..].iter().chain(&input[x.len()..]);
+                layer_norm_rows(isa, Io::InPlace(in_place), rows, params, eps);
                 let what = format!("layer_norm_rows {isa:?} d {d}");
+                assert_same_bits(&buffer[..x.len()], &one_by_one, &what);
+                assert_same_bits(&input[..x.len()], &one_by_one, &what);
+                let mut guards = buffer[x.len()..].iter().chain(&input[x.len()..]);
                 assert!(guards.all(|&v| v == guard), "{what}: wrote past the end");
 
                 for gain in [Affine::Scale(&gamma[..]), Affine::OnePlus(&gamma[..])] {
@@ -475,13 +503,17 @@ mod tests {
                     rms_norm_rows(isa, Io::InPlace(&mut in_place), rows, call.params(), eps);
                     let what = format!("rms in place {isa:?} d {d}");
                     assert_same_bits(&in_place, &one_by_one, &what);
-                    let mut buffer = vec![A::zero(); x.len() + 3];
+                    let end = 3 + x.len();
+                    let mut buffer = vec![guard; end + LANES];
                     let io = Io::Stream {
                         input: &x,
-                        output: &mut buffer[3..],
+                        output: &mut buffer[3..end],
                     };
                     rms_norm_rows(isa, io, rows, call.params(), eps);
-                    assert_same_bits(&buffer[3..], &one_by_one, &format!("streamed rms {isa:?}"));
+                    let what = format!("streamed rms {isa:?} d {d}");
+                    assert_same_bits(&buffer[3..end], &one_by_one, &what);
+                    let mut guards = buffer[..3].iter().chain(&buffer[end..]);
+                    assert!(guards.all(|&v| v == guard), "{what}: wrote outside");
                 }
             }
         }

@@ -24,7 +24,7 @@ use crate::scalar::NormScalar;
 pub(crate) struct Params<'a, A> {
     pub(super) affine: Affine<'a, A>,
     /// `affine` in `f64`, with the zero-centred `1 + w` as a plain gain,
-    /// each vector padded with zeros to whole chunks.
+    /// each vector followed by a chunk of zeros.
     pub(super) wide: Option<Affine<'a, f64>>,
     /// Whether the row walk asks for rows ahead (see
     /// [`cache::worth_prefetching`]).
@@ -92,9 +92,11 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
         // Taken out while the call runs: a nested call gets its own.
         let mut wide = KEPT.try_with(Cell::take).unwrap_or_default();
         wide.clear();
-        // Each vector padded with zeros to whole chunks: a row's last,
-        // partial chunk then reads its parameters with whole loads.
-        let padded = gamma.len().next_multiple_of(LANES);
+        // Each vector followed by a chunk of zeros: a row's last, partial
+        // chunk then reads its parameters with whole loads, wherever it
+        // starts (a streamed row's chunks start at its first aligned
+        // element).
+        let padded = gamma.len() + LANES;
         wide.extend(widened_gain(gamma, one_plus));
         wide.resize(padded, 0.0);
         let beta_at = match beta {

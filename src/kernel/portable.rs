@@ -1074,7 +1074,7 @@ impl FeatureChunk for Whole {
 
 /// The `count` features from `start` on (fewer than a chunk), in the first
 /// lanes. Read with a whole load where the vector holds a whole chunk from
-/// `start` on (the widened parameters are padded to whole chunks for this),
+/// `start` on (the widened parameters are padded with a chunk for this),
 /// the other lanes' outputs being dropped.
 #[derive(Clone, Copy)]
 struct Partial {

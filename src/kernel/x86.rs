@@ -294,13 +294,16 @@ macro_rules! vector_type {
                 unsafe { $first(self.0[0]) }
             }
 
-            // A row's last, partial chunk by masked moves, which touch no
-            // memory outside the mask, rather than through a padded copy on
-            // the stack (whose scalar stores a vector load cannot take
-            // forwarded). Registers wholly past the tail are not moved.
+            // A row's last, partial chunk by masked moves, which fault on and
+            // write no memory outside the mask, rather than through a padded
+            // copy on the stack (whose scalar stores a vector load cannot take
+            // forwarded). Registers wholly past the tail are not moved, and
+            // tails whose masked-off lanes would lie on another page take the
+            // copy (see `chunk_stays_in_page`).
             $(
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn load_partial_f64(tail: &[f64]) -> Self {
+                debug_assert!(tail.len() < LANES);
                 if !chunk_stays_in_page(tail) {
                     return through_chunk::load_f64(tail);
                 }
@@ -311,9 +314,8 @@ macro_rules! vector_type {
                     }
                     // SAFETY: `$width · i < tail.len()`, so the pointer lies
                     // inside `tail`; the masked load reads only the lanes
-                    // below `tail.len()`, all inside `tail`, and its lanes
-                    // that are off lie on the page of `tail`'s last element
-                    // (`chunk_stays_in_page`); features: module docs.
+                    // below `tail.len()`, all inside `tail`, and lanes that
+                    // are off never fault; features: module docs.
                     *register = unsafe {
                         let $load_first = tail.as_ptr().add($width * i);
                         let $load_mask = $mask(tail.len(), i);
@@ -324,6 +326,7 @@ macro_rules! vector_type {
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn load_partial_f32(tail: &[f32]) -> Self {
+                debug_assert!(tail.len() < LANES);
                 if !chunk_stays_in_page(tail) {
                     return through_chunk::load_f32(tail);
                 }
@@ -343,6 +346,7 @@ macro_rules! vector_type {
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn store_partial_f64(self, tail: &mut [f64]) {
+                debug_assert!(tail.len() < LANES);
                 if !chunk_stays_in_page(tail) {
                     return through_chunk::store_f64(self, tail);
                 }
@@ -361,6 +365,7 @@ macro_rules! vector_type {
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn store_partial_f32(self, tail: &mut [f32]) {
+                debug_assert!(tail.len() < LANES);
                 if !chunk_stays_in_page(tail) {
                     return through_chunk::store_f32(self, tail);
                 }
