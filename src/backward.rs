@@ -8,7 +8,7 @@ use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, RemoveAxis};
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::{
-    ColumnSum, Gain, Inputs, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
+    ColumnSum, Gain, Inputs, LineAligned, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
 };
 use crate::kernel::{self, cache, Affine, Isa};
 use crate::scalar::NormScalar;
@@ -1081,7 +1081,7 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
             dbeta,
         } = scratch;
         gain.widen_into(widened);
-        let gain = &widened[..];
+        let gain = widened.as_slice();
         // Gathered blocks of other layouts lie in a scratch buffer, which
         // has nothing ahead of it to ask for.
         let contiguous =
@@ -1121,8 +1121,8 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
                 prefetch,
             };
             block(isa, first, inputs, dxs.next_block(BLOCK_ROWS), partials);
-            dgamma.add(&partials.dgamma);
-            dbeta.add(&partials.dbeta);
+            dgamma.add(partials.dgamma.as_slice());
+            dbeta.add(partials.dbeta.as_slice());
             first += BLOCK_ROWS;
         }
         drop(dxs);
@@ -1135,7 +1135,7 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
 /// rows of up to [`Scratch::KEPT_ROW`] elements, so that repeated calls
 /// (a training loop) allocate nothing but their results.
 struct Scratch {
-    gain: Vec<f64>,
+    gain: LineAligned,
     partials: Partials,
     dgamma: ColumnSum,
     dbeta: ColumnSum,
@@ -1163,7 +1163,7 @@ impl Scratch {
                 scratch
             }
             None => Box::new(Scratch {
-                gain: Vec::new(),
+                gain: LineAligned::zeros(0),
                 partials: Partials::new(d),
                 dgamma: ColumnSum::new(d),
                 dbeta: ColumnSum::new(d),
@@ -1257,8 +1257,8 @@ fn parallel_blocks<A: NormScalar>(
                 block(isa, first + i * BLOCK_ROWS, inputs, dx, partials);
             });
         for partials in partials.iter().take(x.len().div_ceil(block_len)) {
-            dgamma.add(&partials.dgamma);
-            dbeta.add(&partials.dbeta);
+            dgamma.add(partials.dgamma.as_slice());
+            dbeta.add(partials.dbeta.as_slice());
         }
     }
 }

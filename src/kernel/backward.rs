@@ -207,19 +207,21 @@ impl<'a, A: NormScalar> Gain<'a, A> {
     /// [`widen_into`](Self::widen_into) a new vector.
     #[cfg(test)]
     pub(crate) fn widened(self) -> Vec<f64> {
-        let mut gain = Vec::new();
+        let mut gain = LineAligned::zeros(0);
         self.widen_into(&mut gain);
-        gain
+        gain.as_slice().to_vec()
     }
 
     /// The gains `γ` or `1 + w` in `f64`, padded with zeros to whole
     /// vectors, as the backward kernels take them, into `gain`, reusing its
     /// memory.
-    pub(crate) fn widen_into(self, gain: &mut Vec<f64>) {
+    pub(crate) fn widen_into(self, gain: &mut LineAligned) {
         let (Gain::Gamma(weights) | Gain::OnePlus(weights)) = self;
-        gain.clear();
-        gain.extend(widened_gain(weights, matches!(self, Gain::OnePlus(_))));
-        gain.resize(weights.len().div_ceil(LANES) * LANES, 0.0);
+        gain.reset(weights.len().div_ceil(LANES) * LANES);
+        let widened = widened_gain(weights, matches!(self, Gain::OnePlus(_)));
+        for (slot, value) in gain.as_mut_slice().iter_mut().zip(widened) {
+            *slot = value;
+        }
     }
 
     /// The forward pass's affine part for this gain.
@@ -254,19 +256,71 @@ pub(crate) enum Saved<'a, T> {
     Rows(&'a [T]),
 }
 
+/// `f64`s that start on a cache line, in a buffer of their own, so that
+/// no vector of them is split between two lines: a vector store that is
+/// split costs about twice one that is not, and the partials take one
+/// store per vector of every row.
+pub(crate) struct LineAligned {
+    buffer: Vec<f64>,
+    len: usize,
+}
+
+impl LineAligned {
+    /// `f64`s per cache line.
+    const LINE: usize = 64 / size_of::<f64>();
+
+    /// `len` zeros.
+    pub(crate) fn zeros(len: usize) -> Self {
+        let mut zeros = LineAligned {
+            buffer: Vec::new(),
+            len: 0,
+        };
+        zeros.reset(len);
+        zeros
+    }
+
+    /// Makes these `len` zeros, reusing their memory.
+    pub(crate) fn reset(&mut self, len: usize) {
+        self.buffer.clear();
+        self.buffer.resize(len + Self::LINE - 1, 0.0);
+        self.len = len;
+    }
+
+    /// Where the values start in the buffer: its first element on a line
+    /// (within `LINE - 1` elements, as the buffer's allocation holds `f64`s).
+    fn start(&self) -> usize {
+        let start = self.buffer.as_ptr().align_offset(64);
+        if start < Self::LINE {
+            start
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[f64] {
+        let start = self.start();
+        &self.buffer[start..start + self.len]
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [f64] {
+        let start = self.start();
+        &mut self.buffer[start..start + self.len]
+    }
+}
+
 /// One block's per-feature partial sums over its rows, each padded with
 /// zeros to whole vectors so that the kernels load and store them as such.
 pub(crate) struct Partials {
-    pub(crate) dgamma: Vec<f64>,
-    pub(crate) dbeta: Vec<f64>,
+    pub(crate) dgamma: LineAligned,
+    pub(crate) dbeta: LineAligned,
 }
 
 impl Partials {
     pub(crate) fn new(d: usize) -> Self {
-        let chunks = d.div_ceil(LANES);
+        let padded = d.div_ceil(LANES) * LANES;
         Partials {
-            dgamma: vec![0.0; chunks * LANES],
-            dbeta: vec![0.0; chunks * LANES],
+            dgamma: LineAligned::zeros(padded),
+            dbeta: LineAligned::zeros(padded),
         }
     }
 
@@ -274,16 +328,14 @@ impl Partials {
     /// reusing their memory.
     pub(crate) fn reset(&mut self, d: usize) {
         let padded = d.div_ceil(LANES) * LANES;
-        for sums in [&mut self.dgamma, &mut self.dbeta] {
-            sums.clear();
-            sums.resize(padded, 0.0);
-        }
+        self.dgamma.reset(padded);
+        self.dbeta.reset(padded);
     }
 
     /// Starts a block: every partial at 0.
     pub(crate) fn clear(&mut self) {
-        self.dgamma.fill(0.0);
-        self.dbeta.fill(0.0);
+        self.dgamma.as_mut_slice().fill(0.0);
+        self.dbeta.as_mut_slice().fill(0.0);
     }
 }
 
@@ -610,8 +662,8 @@ fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
     gradient: G,
 ) {
     let Partials { dgamma, dbeta } = partials;
-    let (dgamma, _) = dgamma.as_chunks_mut::<LANES>();
-    let (dbeta, _) = dbeta.as_chunks_mut::<LANES>();
+    let (dgamma, _) = dgamma.as_mut_slice().as_chunks_mut::<LANES>();
+    let (dbeta, _) = dbeta.as_mut_slice().as_chunks_mut::<LANES>();
     let (gain, _) = gain.as_chunks::<LANES>();
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
@@ -956,8 +1008,21 @@ mod tests {
     fn partials_are_padded_to_whole_vectors() {
         for (d, padded) in [(1, LANES), (LANES, LANES), (LANES + 1, 2 * LANES)] {
             let partials = Partials::new(d);
-            assert_eq!(partials.dgamma.len(), padded);
-            assert_eq!(partials.dbeta.len(), padded);
+            assert_eq!(partials.dgamma.as_slice().len(), padded);
+            assert_eq!(partials.dbeta.as_slice().len(), padded);
+        }
+    }
+
+    #[test]
+    fn line_aligned_values_start_on_a_line_and_are_zeros() {
+        let mut values = LineAligned::zeros(3);
+        for len in [0, 1, 16, 17, 1000, 5, 100_000] {
+            values.as_mut_slice().fill(1.0);
+            values.reset(len);
+            let slice = values.as_slice();
+            assert_eq!(slice.len(), len);
+            assert_eq!(slice.as_ptr() as usize % 64, 0, "len {len}");
+            assert!(slice.iter().all(|&v| v == 0.0));
         }
     }
 
@@ -1054,7 +1119,8 @@ mod tests {
             let mut partials = Partials::new(d);
             layer_norm_backward_block::<f64, Portable>(inputs, &mut dx, saved, &mut partials);
             let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            (bits(&dx), bits(&partials.dgamma), bits(&partials.dbeta))
+            let (dgamma, dbeta) = (partials.dgamma.as_slice(), partials.dbeta.as_slice());
+            (bits(&dx), bits(dgamma), bits(dbeta))
         };
         assert_eq!(run(Saved::Compute(0.0)), run(Saved::Rows(&stats)));
     }

@@ -610,8 +610,8 @@ mod tests {
         // same bits.
         let grads = |bits: &mut TrainingBits, dx: &[A], partials: &Partials, recomputed: bool| {
             let dx = bits_of(dx);
-            let dgamma = bits_of(&partials.dgamma[..d]);
-            let dbeta = bits_of(&partials.dbeta[..d]);
+            let dgamma = bits_of(&partials.dgamma.as_slice()[..d]);
+            let dbeta = bits_of(&partials.dbeta.as_slice()[..d]);
             if !recomputed {
                 let n = dx.len();
                 assert_eq!(
