@@ -267,7 +267,7 @@ pub(crate) struct LineAligned {
 
 impl LineAligned {
     /// `f64`s per cache line.
-    const LINE: usize = 64 / size_of::<f64>();
+    const LINE: usize = cache::LINE / size_of::<f64>();
 
     /// `len` zeros.
     pub(crate) fn zeros(len: usize) -> Self {
@@ -289,7 +289,7 @@ impl LineAligned {
     /// Where the values start in the buffer: its first element on a line
     /// (within `LINE - 1` elements, as the buffer's allocation holds `f64`s).
     fn start(&self) -> usize {
-        let start = self.buffer.as_ptr().align_offset(64);
+        let start = self.buffer.as_ptr().align_offset(cache::LINE);
         if start < Self::LINE {
             start
         } else {
@@ -1021,7 +1021,7 @@ mod tests {
             values.reset(len);
             let slice = values.as_slice();
             assert_eq!(slice.len(), len);
-            assert_eq!(slice.as_ptr() as usize % 64, 0, "len {len}");
+            assert_eq!(slice.as_ptr() as usize % cache::LINE, 0, "len {len}");
             assert!(slice.iter().all(|&v| v == 0.0));
         }
     }

@@ -39,7 +39,7 @@ pub(crate) fn rows_ahead<A>(d: usize) -> usize {
 }
 
 /// Bytes per cache line on the targets that have prefetch hints.
-const LINE: usize = 64;
+pub(crate) const LINE: usize = 64;
 
 /// Asks for the `len` elements from `start` to be brought into cache for
 /// reading.
