@@ -8,11 +8,12 @@ use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, RemoveAxis};
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::{
-    ColumnSum, Gain, Inputs, LineAligned, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
+    head_before_line, ColumnSum, Gain, Inputs, LineAligned, Partials, RowCentring, RowScaling,
+    Saved, BLOCK_ROWS,
 };
 use crate::kernel::{self, cache, Affine, Isa};
 use crate::scalar::NormScalar;
-use crate::{check, sealed};
+use crate::{check, rows, sealed};
 
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
@@ -728,7 +729,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         Ok(layer_norm_grads_into(
             self,
             dy,
-            dx,
+            Dx::Callers(dx),
             d,
             Gain::Gamma(&gamma),
             None,
@@ -752,7 +753,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         Ok(layer_norm_grads_into(
             self,
             dy,
-            dx,
+            Dx::Callers(dx),
             d,
             Gain::Gamma(&gamma),
             Some(&in_row_order(&stats.rows)),
@@ -821,7 +822,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         Ok(rms_norm_grads_into(
             self,
             dy,
-            dx,
+            Dx::Callers(dx),
             d,
             Gain::Gamma(&gamma),
             None,
@@ -845,7 +846,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         Ok(rms_norm_grads_into(
             self,
             dy,
-            dx,
+            Dx::Callers(dx),
             d,
             Gain::Gamma(&gamma),
             Some(&in_row_order(&stats.rows)),
@@ -928,16 +929,28 @@ pub(crate) fn layer_norm_grads<A: NormScalar, D: Dimension>(
     eps: f64,
 ) -> LayerNormGrads<A, D> {
     let mut dx = Array::zeros(x.raw_dim());
-    let (dgamma, dbeta) = layer_norm_grads_into(x, dy, &mut dx, d, gain, saved, eps);
+    let (dgamma, dbeta) = layer_norm_grads_into(x, dy, Dx::Fresh(&mut dx), d, gain, saved, eps);
     LayerNormGrads { dx, dgamma, dbeta }
 }
 
-/// [`layer_norm_grads`] with `dx` written into a validated array of the
-/// input's shape; returns `(dgamma, dbeta)`.
+/// The array that backward writes `dx` into (validated, of the input's
+/// shape).
+pub(crate) enum Dx<'a, A, D> {
+    /// Just allocated: its pages come fresh from the system, zeroed and in
+    /// cache, where plain stores are the fastest (as for the forward pass's
+    /// allocating forms).
+    Fresh(&'a mut ArrayRef<A, D>),
+    /// The caller's own: written past the caches when it is large
+    /// ([`rows::worth_streaming`], [`Inputs::stream`]).
+    Callers(&'a mut ArrayRef<A, D>),
+}
+
+/// [`layer_norm_grads`] with `dx` written into `dx`; returns
+/// `(dgamma, dbeta)`.
 pub(crate) fn layer_norm_grads_into<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
-    dx: &mut ArrayRef<A, D>,
+    dx: Dx<'_, A, D>,
     d: usize,
     gain: Gain<'_, A>,
     saved: Option<&[RowCentring]>,
@@ -963,16 +976,15 @@ pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
     eps: f64,
 ) -> RmsNormGrads<A, D> {
     let mut dx = Array::zeros(x.raw_dim());
-    let dgamma = rms_norm_grads_into(x, dy, &mut dx, d, gain, saved, eps);
+    let dgamma = rms_norm_grads_into(x, dy, Dx::Fresh(&mut dx), d, gain, saved, eps);
     RmsNormGrads { dx, dgamma }
 }
 
-/// [`rms_norm_grads`] with `dx` written into a validated array of the
-/// input's shape; returns `dgamma`.
+/// [`rms_norm_grads`] with `dx` written into `dx`; returns `dgamma`.
 pub(crate) fn rms_norm_grads_into<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
-    dx: &mut ArrayRef<A, D>,
+    dx: Dx<'_, A, D>,
     d: usize,
     gain: Gain<'_, A>,
     saved: Option<&[RowScaling]>,
@@ -1067,12 +1079,16 @@ impl<A, F: Fn(Isa, usize, Inputs<'_, A>, &mut [A], &mut Partials) + Sync> Backwa
 fn backward_blocks<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
-    dx: &mut ArrayRef<A, D>,
+    dx: Dx<'_, A, D>,
     d: usize,
     gain: Gain<'_, A>,
     block: impl BackwardBlock<A>,
 ) -> (Array1<A>, Array1<A>) {
     let isa = Isa::detect();
+    let (dx, may_stream) = match dx {
+        Dx::Fresh(dx) => (dx, false),
+        Dx::Callers(dx) => (dx, true),
+    };
     Scratch::with(d, |scratch| {
         let Scratch {
             gain: widened,
@@ -1080,13 +1096,21 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
             dgamma,
             dbeta,
         } = scratch;
-        gain.widen_into(widened);
-        let gain = widened.as_slice();
         // Gathered blocks of other layouts lie in a scratch buffer, which
-        // has nothing ahead of it to ask for.
+        // has nothing ahead of it to ask for, and stays in cache.
         let contiguous =
             x.is_standard_layout() && dy.is_standard_layout() && dx.is_standard_layout();
         let prefetch = contiguous && cache::worth_prefetching(2 * x.len() * size_of::<A>());
+        let streamed = match dx.as_slice() {
+            Some(dx) if contiguous && may_stream && rows::worth_streaming(dx, d) => Some(dx),
+            _ => None,
+        };
+        // Every block starts `BLOCK_ROWS · d` elements on, a whole number
+        // of lines: its first row has the head of the call's first row.
+        let head = streamed.map_or(0, head_before_line);
+        let stream = streamed.is_some();
+        gain.widen_into(widened, head);
+        let gain = widened.as_slice();
         #[cfg(feature = "rayon")]
         if parallel(x.len()) {
             if let (Some(x), Some(dy), Some(dx)) = (x.as_slice(), dy.as_slice(), dx.as_slice_mut())
@@ -1098,8 +1122,9 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
                     d,
                     gain,
                     prefetch,
+                    stream,
                 };
-                parallel_blocks(isa, (inputs, dx), &block, totals);
+                parallel_blocks(isa, (inputs, dx), head, &block, totals);
                 return (Array1::from(dgamma.total()), Array1::from(dbeta.total()));
             }
         }
@@ -1112,13 +1137,14 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
             if x_block.is_empty() {
                 break;
             }
-            partials.clear();
+            partials.clear(head);
             let inputs = Inputs {
                 x: x_block,
                 dy: dys.next_block(BLOCK_ROWS),
                 d,
                 gain,
                 prefetch,
+                stream,
             };
             block(isa, first, inputs, dxs.next_block(BLOCK_ROWS), partials);
             dgamma.add(partials.dgamma.as_slice());
@@ -1215,12 +1241,14 @@ fn blocks_per_task(d: usize) -> usize {
 
 /// The backward walk of contiguous arrays on the current rayon pool: in
 /// waves of consecutive blocks, each block's partials computed by any
-/// thread into its own slot, then the wave's slots added to `totals` in
-/// block order.
+/// thread into its own slot (which starts a line at feature `head`, see
+/// [`Partials::clear`]), then the wave's slots added to `totals` in block
+/// order.
 #[cfg(feature = "rayon")]
 fn parallel_blocks<A: NormScalar>(
     isa: Isa,
     (inputs, dx): (Inputs<'_, A>, &mut [A]),
+    head: usize,
     block: &impl BackwardBlock<A>,
     (dgamma, dbeta): (&mut ColumnSum, &mut ColumnSum),
 ) {
@@ -1230,6 +1258,7 @@ fn parallel_blocks<A: NormScalar>(
         d,
         gain,
         prefetch,
+        stream,
     } = inputs;
     let block_len = BLOCK_ROWS * d.max(1);
     let wave = (WAVE_ELEMS / block_len).max(MIN_WAVE_BLOCKS);
@@ -1246,13 +1275,14 @@ fn parallel_blocks<A: NormScalar>(
             .enumerate()
             .with_min_len(blocks_per_task(d))
             .for_each(|(i, (((x, dy), dx), partials))| {
-                partials.clear();
+                partials.clear(head);
                 let inputs = Inputs {
                     x,
                     dy,
                     d,
                     gain,
                     prefetch,
+                    stream,
                 };
                 block(isa, first + i * BLOCK_ROWS, inputs, dx, partials);
             });

@@ -90,6 +90,13 @@ const STREAM_MIN_BYTES: usize = 8 << 20;
 /// rows and at two threads).
 const STREAM_MIN_ROW_BYTES: usize = 2048;
 
+/// Whether a contiguous `output` that the caller provides, of rows of `d`
+/// elements, is written past the caches (see [`STREAM_MIN_BYTES`] and
+/// [`STREAM_MIN_ROW_BYTES`]).
+pub(crate) fn worth_streaming<A>(output: &[A], d: usize) -> bool {
+    size_of_val(output) >= STREAM_MIN_BYTES && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES
+}
+
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
 /// shape, rows of length `d`), an output just allocated: its pages are
 /// fresh from the system, zeroed and in cache, where plain stores are the
@@ -125,9 +132,7 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
     let on_rows = |io: Io<'_, A>, count: usize| kernel(isa, io, count);
     if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
         // A block of consecutive rows goes to the kernel in one call.
-        let streamed = may_stream
-            && size_of_val(output) >= STREAM_MIN_BYTES
-            && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES;
+        let streamed = may_stream && worth_streaming(output, d);
         let rows = |input: &[A], output: &mut [A]| {
             let count = input.len() / d;
             let io = if streamed {

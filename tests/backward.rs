@@ -4,7 +4,7 @@
 mod common;
 
 use common::training::{bits32, bits64, matrix, mean_rstd, noise, std_dev, vector};
-use ndarray::{array, s, Array1, Array2, Array3, ArrayD, Axis, IxDyn, ShapeBuilder};
+use ndarray::{array, s, Array1, Array2, Array3, ArrayD, ArrayViewMut2, Axis, IxDyn, ShapeBuilder};
 use ndarray_layernorm::prelude::*;
 use ndarray_layernorm::Operand;
 use proptest::prelude::*;
@@ -735,6 +735,54 @@ fn into_forms_give_the_bits_of_the_allocating_forms_in_any_output_layout() {
     }
     // The columns the strided view skips are untouched.
     assert!(wide.slice(s![.., 1..;2]).iter().all(|&v| v == 7.0));
+}
+
+/// Large outputs of long rows that the caller provides are written past
+/// the caches (8 MiB and more, rows of 2 KiB and more), from each row's
+/// first 64-byte line on; the allocating forms write theirs with plain
+/// stores. Both give the same bits, whatever the output's offset from a
+/// line.
+#[test]
+fn large_into_outputs_give_the_bits_of_the_allocating_forms() {
+    let (rows, d) = (2 * 1024 + 3, 512); // 8 MiB of f64, rows of 4 KiB
+    let n = rows * d;
+    let x = Array2::from_shape_vec((rows, d), noise(61, n)).unwrap();
+    let dy = Array2::from_shape_vec((rows, d), noise(62, n)).unwrap();
+    let gamma = Array1::from(noise(63, d));
+    let (_, stats) = x.layer_norm_train(&gamma, &gamma, 1e-5).unwrap();
+    let grads = x.layer_norm_backward(&dy, &gamma, 1e-5).unwrap();
+    let rms = x.rms_norm_backward(&dy, &gamma, 0.0).unwrap();
+    let mut buffer = vec![7.0; n + 8];
+    for offset in [0, 3, 5] {
+        let mut dx = ArrayViewMut2::from_shape((rows, d), &mut buffer[offset..offset + n]).unwrap();
+        let (dgamma, dbeta) = x
+            .layer_norm_backward_with_stats_into(&mut dx, &dy, &gamma, &stats)
+            .unwrap();
+        assert_eq!(bits64(&dx), bits64(&grads.dx), "offset {offset}");
+        assert_eq!(bits64(&dgamma), bits64(&grads.dgamma));
+        assert_eq!(bits64(&dbeta), bits64(&grads.dbeta));
+        let dgamma = x.rms_norm_backward_into(&mut dx, &dy, &gamma, 0.0).unwrap();
+        assert_eq!(bits64(&dx), bits64(&rms.dx), "offset {offset}");
+        assert_eq!(bits64(&dgamma), bits64(&rms.dgamma));
+    }
+
+    let (rows, d) = (1024 + 1, 2048); // 8 MiB of f32, rows of 8 KiB
+    let n = rows * d;
+    let narrow = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
+    let x = Array2::from_shape_vec((rows, d), narrow(noise(64, n))).unwrap();
+    let dy = Array2::from_shape_vec((rows, d), narrow(noise(65, n))).unwrap();
+    let gamma = Array1::from(narrow(noise(66, d)));
+    let grads = x.layer_norm_backward(&dy, &gamma, 1e-5).unwrap();
+    let mut buffer = vec![7.0_f32; n + 16];
+    for offset in [0, 4, 9] {
+        let mut dx = ArrayViewMut2::from_shape((rows, d), &mut buffer[offset..offset + n]).unwrap();
+        let (dgamma, dbeta) = x
+            .layer_norm_backward_into(&mut dx, &dy, &gamma, 1e-5)
+            .unwrap();
+        assert_eq!(bits32(&dx), bits32(&grads.dx), "f32 offset {offset}");
+        assert_eq!(bits32(&dgamma), bits32(&grads.dgamma));
+        assert_eq!(bits32(&dbeta), bits32(&grads.dbeta));
+    }
 }
 
 #[test]

@@ -279,7 +279,7 @@ dispatch! { in backward:
 
 #[cfg(test)]
 mod tests {
-    use super::backward::Gain;
+    use super::backward::{head_before_line, Gain};
     use super::simd::LANES;
     use super::*;
 
@@ -574,6 +574,40 @@ mod tests {
         values.iter().map(|v| v.widen().to_bits()).collect()
     }
 
+    /// A backward block kernel with its instruction set and saved
+    /// statistics settled.
+    type BackwardKernel<'k, A> = dyn Fn(Inputs<'_, A>, &mut [A], &mut Partials) + 'k;
+
+    /// One backward call of `kernel`: `dx` written `offset` elements into a
+    /// buffer between guard values, which must stay as they were, with the
+    /// partials started as the row walk starts them; the bits of `dx`, `dγ`
+    /// and `dβ`.
+    fn backward_bits<A: NormScalar>(
+        inputs: Inputs<'_, A>,
+        offset: usize,
+        kernel: &BackwardKernel<'_, A>,
+    ) -> [Vec<u64>; 3] {
+        let (len, d) = (inputs.x.len(), inputs.d);
+        let guard = A::narrow(-7.5);
+        let mut buffer = vec![guard; offset + len + LANES];
+        let (before, rest) = buffer.split_at_mut(offset);
+        let (dx, after) = rest.split_at_mut(len);
+        let mut partials = Partials::new(d);
+        partials.clear(if inputs.stream {
+            head_before_line(dx)
+        } else {
+            0
+        });
+        kernel(inputs, dx, &mut partials);
+        let mut guards = before.iter().chain(after.iter());
+        assert!(guards.all(|&v| v == guard), "wrote outside dx at {offset}");
+        [
+            bits_of(dx),
+            bits_of(&partials.dgamma.as_slice()[..d]),
+            bits_of(&partials.dbeta.as_slice()[..d]),
+        ]
+    }
+
     /// Runs every training kernel on `block` (rows of length `d`) with one
     /// instruction set: the forward passes that save statistics, and the
     /// backward passes from saved and from recomputed statistics, with both
@@ -604,14 +638,36 @@ mod tests {
             bits.forward.extend(bits_of(&y));
             bits.stats.extend(scaling.iter().flat_map(|s| s.to_bits()));
         }
-        let mut dx = vec![A::zero(); block.len()];
-        let mut partials = Partials::new(d);
         // Statistics recomputed and saved by the forward pass must give the
-        // same bits.
-        let grads = |bits: &mut TrainingBits, dx: &[A], partials: &Partials, recomputed: bool| {
-            let dx = bits_of(dx);
-            let dgamma = bits_of(&partials.dgamma.as_slice()[..d]);
-            let dbeta = bits_of(&partials.dbeta.as_slice()[..d]);
+        // same bits, and so must `dx` streamed at every alignment within a
+        // 64-byte line.
+        let grads = |bits: &mut TrainingBits,
+                     kernel: &BackwardKernel<'_, A>,
+                     gain: &[f64],
+                     recomputed: bool| {
+            let inputs = Inputs {
+                x: block,
+                dy: &dy,
+                d,
+                gain,
+                // Hints past the block's end are allowed, and change
+                // no bits.
+                prefetch: true,
+                stream: false,
+            };
+            let [dx, dgamma, dbeta] = backward_bits(inputs, 0, kernel);
+            for offset in 0..64 / size_of::<A>() {
+                let streamed = Inputs {
+                    stream: true,
+                    ..inputs
+                };
+                let what = format!("{isa:?} d {d}: streamed at {offset}");
+                assert_eq!(
+                    backward_bits(streamed, offset, kernel),
+                    [&dx, &dgamma, &dbeta].map(Clone::clone),
+                    "{what}"
+                );
+            }
             if !recomputed {
                 let n = dx.len();
                 assert_eq!(
@@ -629,40 +685,24 @@ mod tests {
         for gain in [Gain::Gamma(&gamma[..]), Gain::OnePlus(&gamma)] {
             let gain = gain.widened();
             for saved in [Saved::Compute(eps), Saved::Rows(&centring)] {
-                partials.clear();
-                let inputs = Inputs {
-                    x: block,
-                    dy: &dy,
-                    d,
-                    gain: &gain,
-                    // Hints past the block's end are allowed, and change
-                    // no bits.
-                    prefetch: true,
+                let kernel = |inputs: Inputs<'_, A>, dx: &mut [A], partials: &mut Partials| {
+                    layer_norm_backward_block(isa, inputs, dx, saved, partials);
                 };
-                layer_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
                 grads(
                     &mut bits,
-                    &dx,
-                    &partials,
+                    &kernel,
+                    &gain,
                     matches!(saved, Saved::Compute(_)),
                 );
             }
             for saved in [Saved::Compute(eps), Saved::Rows(&scaling)] {
-                partials.clear();
-                let inputs = Inputs {
-                    x: block,
-                    dy: &dy,
-                    d,
-                    gain: &gain,
-                    // Hints past the block's end are allowed, and change
-                    // no bits.
-                    prefetch: true,
+                let kernel = |inputs: Inputs<'_, A>, dx: &mut [A], partials: &mut Partials| {
+                    rms_norm_backward_block(isa, inputs, dx, saved, partials);
                 };
-                rms_norm_backward_block(isa, inputs, &mut dx, saved, &mut partials);
                 grads(
                     &mut bits,
-                    &dx,
-                    &partials,
+                    &kernel,
+                    &gain,
                     matches!(saved, Saved::Compute(_)),
                 );
             }
