@@ -67,7 +67,8 @@
 use super::portable::{
     centred_square_sum, centring, centring_first_pass, exact_centring, inverse_root,
     rescaled_centring, rescaled_rms_scaling, rms_from_squares, rms_scaling, two_sum, variance,
-    write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Variance, BLOCK,
+    write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Plain, Store,
+    Streaming, Variance, BLOCK,
 };
 use super::short::{self, SHORT_ROW};
 use super::simd::{Vector, LANES};
@@ -655,10 +656,8 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
     }
 }
 
-/// How a block's rows meet memory: whether pass B writes `dx` past the
-/// caches ([`Inputs::stream`]), and how far ahead it asks the cache for
-/// rows, in elements from each chunk it works on (`None` in calls that fit
-/// in cache).
+/// How far ahead pass B asks the cache for rows, in elements from each
+/// chunk it works on (`None` in calls that fit in cache).
 ///
 /// Passes 1 and A of a row are the first to read it; out of cache they
 /// wait for memory, while pass B of an earlier row works from cache. Asked
@@ -675,33 +674,26 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 /// A streamed `dx` ([`Inputs::stream`]) gets no hint: its lines are not
 /// read, and a hint would fetch the very lines the stores bypass (measured:
 /// streaming with the hint was slower than plain stores).
-#[derive(Clone, Copy)]
-struct Traffic {
-    ahead: Option<usize>,
-    stream: bool,
-}
+type Ahead = Option<usize>;
 
-/// The [`Traffic`] of a block's rows.
+/// The [`Ahead`] of a block's rows.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn traffic<A>(inputs: &Inputs<'_, A>) -> Traffic {
+fn ahead<A>(inputs: &Inputs<'_, A>) -> Ahead {
     let d = inputs.d;
-    Traffic {
-        ahead: inputs
-            .prefetch
-            .then(|| cache::rows_ahead::<A>(d).saturating_mul(d)),
-        stream: inputs.stream,
-    }
+    inputs
+        .prefetch
+        .then(|| cache::rows_ahead::<A>(d).saturating_mul(d))
 }
 
-/// Asks the cache for the lines `traffic.ahead` elements past each vector
-/// of `x`, `dy` (to read, into L2) and `dx` (to write, unless streamed)
-/// when there is such a distance.
+/// Asks the cache for the lines `ahead` elements past each vector of `x`,
+/// `dy` (to read, into L2) and `dx` (to write, unless `S` stores past the
+/// caches) when there is such a distance.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn prefetch<A>(traffic: Traffic, x: &[A; LANES], dy: &[A; LANES], dx: &[A; LANES]) {
-    if let Some(offset) = traffic.ahead {
+fn prefetch<A, S: Store>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES], dx: &[A; LANES]) {
+    if let Some(offset) = ahead {
         cache::into_l2_for_reading(x.as_ptr().wrapping_add(offset), LANES);
         cache::into_l2_for_reading(dy.as_ptr().wrapping_add(offset), LANES);
-        if !traffic.stream {
+        if !S::PAST_CACHES {
             cache::for_writing(dx.as_ptr().wrapping_add(offset), LANES);
         }
     }
@@ -719,21 +711,22 @@ fn prefetch<A>(traffic: Traffic, x: &[A; LANES], dy: &[A; LANES], dx: &[A; LANES
 /// buffers hold a vector more than the row needs ([`padded_len`]), so
 /// those vectors still cover the row.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
+fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
-    traffic: Traffic,
+    ahead: Ahead,
     partials: &mut Partials,
     deviate: E,
     gradient: G,
 ) {
     let Partials { dgamma, dbeta } = partials;
     let (dgamma, dbeta) = (dgamma.as_mut_slice(), dbeta.as_mut_slice());
-    let head = if traffic.stream {
-        head_before_line(dx)
-    } else {
-        0
-    };
+    let row = (x, dy, gain);
+    if !S::PAST_CACHES {
+        let partials = (dgamma, dbeta);
+        return pass_b_body::<A, V, E, G, S>(row, dx, ahead, partials, deviate, gradient);
+    }
+    let head = head_before_line(dx);
     if head > 0 {
         let chunks = (
             gain.first_chunk::<LANES>(),
@@ -741,26 +734,23 @@ fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
             dbeta.first_chunk_mut::<LANES>(),
         );
         if let (Some(g), Some(dgamma), Some(dbeta)) = chunks {
-            let dy = A::load_partial::<V>(&dy[..head]);
-            let e = deviate.deviation(A::load_partial(&x[..head]));
-            let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
-            A::store_partial(value, &mut dx[..head]);
-            // The lanes past the head are features of the body: adding
-            // their zeros would turn a partial of -0 into +0.
-            accumulate_lanes::<V, G>(dy, n, dgamma, dbeta, head);
+            let row = (&x[..head], &dy[..head], g);
+            partial_vector(row, &mut dx[..head], (dgamma, dbeta), deviate, gradient);
         }
     }
     let rest = (&x[head..], &dy[head..], &gain[head..]);
     let partials = (&mut dgamma[head..], &mut dbeta[head..]);
-    pass_b_body::<A, V, E, G>(rest, &mut dx[head..], traffic, partials, deviate, gradient);
+    let dx = &mut dx[head..];
+    pass_b_body::<A, V, E, G, S>(rest, dx, ahead, partials, deviate, gradient);
 }
 
-/// [`pass_b`] from the first element that starts a vector.
+/// [`pass_b`] from the first element that starts a vector, whole vectors
+/// of `dx` stored by `S`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn pass_b_body<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
+fn pass_b_body<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
-    traffic: Traffic,
+    ahead: Ahead,
     (dgamma, dbeta): (&mut [f64], &mut [f64]),
     deviate: E,
     gradient: G,
@@ -778,15 +768,11 @@ fn pass_b_body<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
         let sums = gain.iter().zip(dgamma.iter_mut()).zip(dbeta.iter_mut());
         let rows = dx_chunks.iter_mut().zip(x_chunks).zip(dy_chunks);
         for (((dx, x), dy), ((g, dgamma), dbeta)) in rows.zip(sums) {
-            prefetch(traffic, x, dy, dx);
+            prefetch::<A, S>(ahead, x, dy, dx);
             let dy = A::load::<V>(dy);
             let e = deviate.deviation(A::load(x));
             let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
-            if traffic.stream {
-                A::stream(value, dx);
-            } else {
-                A::store(value, dx);
-            }
+            S::store(value, dx);
             accumulate::<V, G>(dy, n, dgamma, dbeta);
         }
     }
@@ -798,11 +784,40 @@ fn pass_b_body<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
     if let (Some(g), Some(dgamma), Some(dbeta)) =
         (gain.get(whole), dgamma.get_mut(whole), dbeta.get_mut(whole))
     {
-        let dy = A::load_partial::<V>(dy_tail);
-        let e = deviate.deviation(A::load_partial(x_tail));
-        let (value, n) = gradient.apply(e, V::load_f64(g) * dy);
-        A::store_partial(value, dx_tail);
-        accumulate::<V, G>(dy, n, dgamma, dbeta);
+        partial_vector(
+            (x_tail, dy_tail, g),
+            dx_tail,
+            (dgamma, dbeta),
+            deviate,
+            gradient,
+        );
+    }
+}
+
+/// Pass B over fewer elements than a vector (a streamed row's head, or a
+/// row's last, partial chunk), with the vector of gains and partials that
+/// starts at its first one. Only the elements' own partials change: past a
+/// head come the features of the row's body, where the unused lanes'
+/// `0 · n` could be NaN (`n` is infinite for `x = 0` on a constant row of
+/// huge values with a tiny `eps`).
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn partial_vector<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
+    (x, dy, gain): (&[A], &[A], &[f64; LANES]),
+    dx: &mut [A],
+    (dgamma, dbeta): (&mut [f64; LANES], &mut [f64; LANES]),
+    deviate: E,
+    gradient: G,
+) {
+    let dy = A::load_partial::<V>(dy);
+    let e = deviate.deviation(A::load_partial(x));
+    let (value, n) = gradient.apply(e, V::load_f64(gain) * dy);
+    A::store_partial(value, dx);
+    let active = dx.len();
+    let old = V::load_f64(dgamma);
+    (old + dy * n).blend(old, active).store_f64(dgamma);
+    if G::WITH_BETA {
+        let old = V::load_f64(dbeta);
+        (old + dy).blend(old, active).store_f64(dbeta);
     }
 }
 
@@ -820,23 +835,6 @@ fn accumulate<V: Vector, G: Gradient<V>>(
     }
 }
 
-/// [`accumulate`] into the first `active` lanes only.
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn accumulate_lanes<V: Vector, G: Gradient<V>>(
-    dy: V,
-    n: V,
-    dgamma: &mut [f64; LANES],
-    dbeta: &mut [f64; LANES],
-    active: usize,
-) {
-    let old = V::load_f64(dgamma);
-    (old + dy * n).blend(old, active).store_f64(dgamma);
-    if G::WITH_BETA {
-        let old = V::load_f64(dbeta);
-        (old + dy).blend(old, active).store_f64(dbeta);
-    }
-}
-
 /// LayerNorm backward of a block of rows (`dx` holds as many rows as
 /// `inputs`): writes `dx` and adds each row's `dy ⊙ n` and `dy` to
 /// `partials` in row order.
@@ -847,7 +845,24 @@ pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
     saved: Saved<'_, RowCentring>,
     partials: &mut Partials,
 ) {
-    let traffic = traffic(&inputs);
+    if inputs.stream {
+        layer_norm_backward_rows::<A, V, Streaming>(inputs, dx, saved, partials);
+        cache::after_streaming();
+    } else {
+        layer_norm_backward_rows::<A, V, Plain>(inputs, dx, saved, partials);
+    }
+}
+
+/// [`layer_norm_backward_block`] with `dx` stored by `S`: chosen once per
+/// block, so that each row loop is compiled for one kind of store.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_backward_rows<A: NormScalar, V: Vector, S: Store>(
+    inputs: Inputs<'_, A>,
+    dx: &mut [A],
+    saved: Saved<'_, RowCentring>,
+    partials: &mut Partials,
+) {
+    let ahead = ahead(&inputs);
     let Inputs {
         x: xs,
         dy: dys,
@@ -862,15 +877,14 @@ pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
     for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
         let row = (x, dy, gain);
         match saved {
-            Saved::Compute(eps) => layer_norm_backward_row::<A, V>(row, dx, eps, traffic, partials),
+            Saved::Compute(eps) => {
+                layer_norm_backward_row::<A, V, S>(row, dx, eps, ahead, partials)
+            }
             Saved::Rows(rows) => {
                 let stats = rows.get(index).copied().unwrap_or(RowCentring::NOT_FINITE);
-                layer_norm_backward_saved::<A, V>(row, dx, stats, traffic, partials);
+                layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
             }
         }
-    }
-    if traffic.stream {
-        cache::after_streaming();
     }
 }
 
@@ -883,18 +897,18 @@ pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
 // would outgrow a test thread's stack. Optimised builds inline everything.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_backward_row<A: NormScalar, V: Vector>(
+fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
-    traffic: Traffic,
+    ahead: Ahead,
     partials: &mut Partials,
 ) {
     let x = row.0;
     let (base, shift, magnitude) = match centring_first_pass::<A, V>(x, eps) {
         FirstPass::Finished(centring) => {
             let stats = RowCentring::from_centring(x, centring, eps);
-            return layer_norm_backward_saved::<A, V>(row, dx, stats, traffic, partials);
+            return layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
         }
         FirstPass::Deviations {
             base,
@@ -914,7 +928,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector>(
         Variance::Rescale => {
             let stats =
                 RowCentring::from_centring(x, rescaled_centring::<A, V>(x, eps, magnitude), eps);
-            return layer_norm_backward_saved::<A, V>(row, dx, stats, traffic, partials);
+            return layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
         }
     };
     let stats = RowCentring {
@@ -923,18 +937,18 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector>(
         shift,
         inv_std: inverse_root(var, eps, 1.0),
     };
-    layer_norm_pass_b::<A, V>(row, dx, stats, (g_sum, ge_sum), traffic, partials);
+    layer_norm_pass_b::<A, V, S>(row, dx, stats, (g_sum, ge_sum), ahead, partials);
 }
 
 /// LayerNorm backward of one row from its saved statistics.
 // See `layer_norm_backward_row`.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
+fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
-    traffic: Traffic,
+    ahead: Ahead,
     partials: &mut Partials,
 ) {
     let deviate = FromBase {
@@ -942,7 +956,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
         base: V::splat(stats.base),
     };
     let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate);
-    layer_norm_pass_b::<A, V>(row, dx, stats, sums, traffic, partials);
+    layer_norm_pass_b::<A, V, S>(row, dx, stats, sums, ahead, partials);
 }
 
 /// The row's means from the sums of pass A, then pass B. With
@@ -950,12 +964,12 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector>(
 /// `shift` is below the rounding of the mean, so the subtraction does not
 /// cancel.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_pass_b<A: NormScalar, V: Vector>(
+fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
     (g_sum, ge_sum): (BlockedSum<V>, BlockedSum<V>),
-    traffic: Traffic,
+    ahead: Ahead,
     partials: &mut Partials,
 ) {
     let RowCentring {
@@ -969,7 +983,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector>(
         base: V::splat(base),
     };
     if inv_std.is_infinite() {
-        return pass_b::<A, V, _, _>(row, dx, traffic, partials, deviate, Singular::<true>);
+        return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<true>);
     }
     let d = dx.len() as f64;
     let g_total = g_sum.plain_total();
@@ -981,7 +995,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector>(
         mean_gn: V::splat(gn_total / d),
         rstd: V::splat(inv_std * scale),
     };
-    pass_b::<A, V, _, _>(row, dx, traffic, partials, deviate, gradient);
+    pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
@@ -993,7 +1007,24 @@ pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
     saved: Saved<'_, RowScaling>,
     partials: &mut Partials,
 ) {
-    let traffic = traffic(&inputs);
+    if inputs.stream {
+        rms_norm_backward_rows::<A, V, Streaming>(inputs, dx, saved, partials);
+        cache::after_streaming();
+    } else {
+        rms_norm_backward_rows::<A, V, Plain>(inputs, dx, saved, partials);
+    }
+}
+
+/// [`rms_norm_backward_block`] with `dx` stored by `S`: chosen once per
+/// block, so that each row loop is compiled for one kind of store.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rms_norm_backward_rows<A: NormScalar, V: Vector, S: Store>(
+    inputs: Inputs<'_, A>,
+    dx: &mut [A],
+    saved: Saved<'_, RowScaling>,
+    partials: &mut Partials,
+) {
+    let ahead = ahead(&inputs);
     let Inputs {
         x: xs,
         dy: dys,
@@ -1008,15 +1039,12 @@ pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
     for (index, ((x, dy), dx)) in rows.zip(dx.chunks_exact_mut(d)).enumerate() {
         let row = (x, dy, gain);
         match saved {
-            Saved::Compute(eps) => rms_norm_backward_row::<A, V>(row, dx, eps, traffic, partials),
+            Saved::Compute(eps) => rms_norm_backward_row::<A, V, S>(row, dx, eps, ahead, partials),
             Saved::Rows(rows) => {
                 let stats = rows.get(index).copied().unwrap_or(RowScaling::NOT_FINITE);
-                rms_norm_backward_saved::<A, V>(row, dx, stats, traffic, partials);
+                rms_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
             }
         }
-    }
-    if traffic.stream {
-        cache::after_streaming();
     }
 }
 
@@ -1026,11 +1054,11 @@ pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
 // See `layer_norm_backward_row`.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_backward_row<A: NormScalar, V: Vector>(
+fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
-    traffic: Traffic,
+    ahead: Ahead,
     partials: &mut Partials,
 ) {
     let x = row.0;
@@ -1041,18 +1069,18 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector>(
         // `rms_scaling`), so that it has the bits the training forward saves.
         if let Some(scaling) = short::rms_scaling(x, eps) {
             let stats = RowScaling::from_scaling(Some(scaling));
-            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, traffic, partials);
+            rms_norm_pass_b::<A, V, S>(row, dx, stats, gx_sum, ahead, partials);
             return;
         }
     }
     match rms_from_squares(squares.plain_total(), x.len() as f64, eps) {
         Some(scaling) => {
             let stats = RowScaling::from_scaling(Some(scaling));
-            rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, traffic, partials);
+            rms_norm_pass_b::<A, V, S>(row, dx, stats, gx_sum, ahead, partials);
         }
         None => {
             let stats = RowScaling::from_scaling(rescaled_rms_scaling::<A, V>(x, eps));
-            rms_norm_backward_saved::<A, V>(row, dx, stats, traffic, partials);
+            rms_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
         }
     }
 }
@@ -1061,29 +1089,29 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector>(
 // See `layer_norm_backward_row`.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_backward_saved<A: NormScalar, V: Vector>(
+fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowScaling,
-    traffic: Traffic,
+    ahead: Ahead,
     partials: &mut Partials,
 ) {
     let deviate = Scaled {
         scale: optional::<V>(stats.scale),
     };
     let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate);
-    rms_norm_pass_b::<A, V>(row, dx, stats, gx_sum, traffic, partials);
+    rms_norm_pass_b::<A, V, S>(row, dx, stats, gx_sum, ahead, partials);
 }
 
 /// The row's mean from the sum of pass A, then pass B:
 /// `Σ gᵢ nᵢ = Σ gᵢ eᵢ · inv_rms`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_pass_b<A: NormScalar, V: Vector>(
+fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowScaling,
     gx_sum: BlockedSum<V>,
-    traffic: Traffic,
+    ahead: Ahead,
     partials: &mut Partials,
 ) {
     let RowScaling { scale, inv_rms } = stats;
@@ -1091,7 +1119,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector>(
         scale: optional::<V>(scale),
     };
     if inv_rms.is_infinite() {
-        return pass_b::<A, V, _, _>(row, dx, traffic, partials, deviate, Singular::<false>);
+        return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<false>);
     }
     let gn_total = gx_sum.plain_total() * inv_rms;
     let gradient = RmsNormGradient {
@@ -1099,7 +1127,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector>(
         mean_gn: V::splat(gn_total / dx.len() as f64),
         rrms: V::splat(inv_rms * scale),
     };
-    pass_b::<A, V, _, _>(row, dx, traffic, partials, deviate, gradient);
+    pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
 }
 
 #[cfg(test)]

@@ -1150,15 +1150,19 @@ impl<P: NormScalar> Features for GainShift<'_, P> {
     }
 }
 
-/// How [`write_chunks`] stores a whole chunk.
-trait Store {
+/// How [`write_chunks`] (and backward's pass B) stores a whole chunk.
+pub(super) trait Store {
+    /// Whether the stores go past the caches, so that asking the cache for
+    /// the lines they write would only fetch lines they bypass.
+    const PAST_CACHES: bool;
     fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]);
 }
 
 /// Plain stores.
-struct Plain;
+pub(super) struct Plain;
 
 impl Store for Plain {
+    const PAST_CACHES: bool = false;
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
         A::store(value, chunk)
@@ -1166,9 +1170,10 @@ impl Store for Plain {
 }
 
 /// Non-temporal stores where the chunk is aligned for them.
-struct Streaming;
+pub(super) struct Streaming;
 
 impl Store for Streaming {
+    const PAST_CACHES: bool = true;
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
         A::stream(value, chunk)
