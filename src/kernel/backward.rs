@@ -705,11 +705,11 @@ fn prefetch<A, S: Store>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES], dx: &[A;
 ///
 /// Each element's step depends on that element and feature only, so the
 /// vectors may start anywhere in the row: a streamed row
-/// ([`Inputs::stream`]) takes the elements before `dx`'s first line as a
-/// head, alone in a partial vector, and the rest in vectors that start on
-/// that line, whose whole lines then go past the caches. The per-feature
-/// buffers hold a vector more than the row needs ([`padded_len`]), so
-/// those vectors still cover the row.
+/// ([`Inputs::stream`], `S` = [`Streaming`]) takes the elements before
+/// `dx`'s first line as a head, alone in a partial vector, and the rest in
+/// vectors that start on that line, whose whole lines then go past the
+/// caches. The per-feature buffers hold a vector more than the row needs
+/// ([`padded_len`]), so those vectors still cover the row.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     (x, dy, gain): (&[A], &[A], &[f64]),
