@@ -290,9 +290,10 @@ pub(crate) enum Saved<'a, T> {
 /// `f64`s laid out on cache lines, in a buffer of their own, so that no
 /// vector of them is split between two lines: a vector store that is
 /// split costs about twice one that is not, and the partials take one
-/// store per vector of every row. The values that the vectors start at
-/// are those at multiples of [`LANES`] from a chosen first one (0, or the
-/// head of a streamed row), so that one starts a line.
+/// store per vector of every row. Pass B's vectors start at a chosen
+/// value (0, or the length of a streamed row's head) and every [`LANES`]
+/// values after it: that value starts a line, and so, a vector being two
+/// whole lines of `f64`s, do the others.
 pub(crate) struct LineAligned {
     buffer: Vec<f64>,
     len: usize,
