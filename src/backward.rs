@@ -8,8 +8,7 @@ use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, RemoveAxis};
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::{
-    head_before_line, ColumnSum, Gain, Inputs, LineAligned, Partials, RowCentring, RowScaling,
-    Saved, BLOCK_ROWS,
+    ColumnSum, Gain, Inputs, LineAligned, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
 };
 use crate::kernel::{self, cache, Affine, Isa};
 use crate::scalar::NormScalar;
@@ -1107,7 +1106,7 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
         };
         // Every block starts `BLOCK_ROWS · d` elements on, a whole number
         // of lines: its first row has the head of the call's first row.
-        let head = streamed.map_or(0, head_before_line);
+        let head = streamed.map_or(0, cache::before_first_line);
         let stream = streamed.is_some();
         gain.widen_into(widened, head);
         let gain = widened.as_slice();

@@ -272,12 +272,6 @@ pub(crate) fn padded_len(d: usize) -> usize {
     (d.div_ceil(LANES) + 1) * LANES
 }
 
-/// How many elements of `dx` come before its first cache line (at most all
-/// of them): the head that a streamed row writes with plain stores.
-pub(crate) fn head_before_line<A>(dx: &[A]) -> usize {
-    dx.as_ptr().align_offset(cache::LINE).min(dx.len())
-}
-
 /// Where a block's row statistics come from.
 #[derive(Clone, Copy)]
 pub(crate) enum Saved<'a, T> {
@@ -376,7 +370,7 @@ impl Partials {
     }
 
     /// Starts a block: every partial at 0, that of feature `first_on_line`
-    /// (where the vectors of pass B start, see [`head_before_line`]) at the
+    /// (where the vectors of pass B start, see [`cache::before_first_line`]) at the
     /// start of a cache line.
     pub(crate) fn clear(&mut self, first_on_line: usize) {
         self.dgamma.clear(first_on_line);
@@ -578,10 +572,7 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     let blocks = x_chunks.chunks(BLOCK).zip(dy_chunks.chunks(BLOCK));
     for ((x, dy), gain) in blocks.zip(gain_chunks.chunks(BLOCK)) {
         for ((x, dy), gain) in x.iter().zip(dy).zip(gain) {
-            if let Some(offset) = ahead {
-                cache::into_l2_for_reading(x.as_ptr().wrapping_add(offset), LANES);
-                cache::into_l2_for_reading(dy.as_ptr().wrapping_add(offset), LANES);
-            }
+            prefetch_inputs(ahead, x, dy);
             let values = (
                 deviate.deviation(A::load(x)),
                 A::load(dy),
@@ -710,17 +701,23 @@ fn ahead_in_pass_a<A>(ahead: Ahead) -> Ahead {
     ahead.filter(|_| size_of::<A>() == size_of::<f64>())
 }
 
-/// Asks the cache for the lines `ahead` elements past each vector of `x`,
-/// `dy` (to read, into L2) and `dx` (to write, unless `S` stores past the
-/// caches) when there is such a distance.
+/// Asks the cache for the lines `ahead` elements past a vector of `x` and
+/// of `dy` (to read, into L2) when there is such a distance.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn prefetch<A, S: Store>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES], dx: &[A; LANES]) {
+fn prefetch_inputs<A>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES]) {
     if let Some(offset) = ahead {
         cache::into_l2_for_reading(x.as_ptr().wrapping_add(offset), LANES);
         cache::into_l2_for_reading(dy.as_ptr().wrapping_add(offset), LANES);
-        if !S::PAST_CACHES {
-            cache::for_writing(dx.as_ptr().wrapping_add(offset), LANES);
-        }
+    }
+}
+
+/// [`prefetch_inputs`], and the lines of `dx` as far ahead (to write)
+/// unless `S` stores past the caches.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn prefetch<A, S: Store>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES], dx: &[A; LANES]) {
+    prefetch_inputs(ahead, x, dy);
+    if let (Some(offset), false) = (ahead, S::PAST_CACHES) {
+        cache::for_writing(dx.as_ptr().wrapping_add(offset), LANES);
     }
 }
 
@@ -751,7 +748,7 @@ fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
         let partials = (dgamma, dbeta);
         return pass_b_body::<A, V, E, G, S>(row, dx, ahead, partials, deviate, gradient);
     }
-    let head = head_before_line(dx);
+    let head = cache::before_first_line(dx);
     if head > 0 {
         let chunks = (
             gain.first_chunk::<LANES>(),
@@ -1348,10 +1345,10 @@ mod tests {
         let gain = Gain::Gamma(&vec![1.0; d]).widened();
         let mut buffer = vec![0.0; d + LANES];
         let offset = (1..LANES)
-            .find(|&offset| head_before_line(&buffer[offset..offset + d]) > 0)
+            .find(|&offset| cache::before_first_line(&buffer[offset..offset + d]) > 0)
             .unwrap();
         let dx = &mut buffer[offset..offset + d];
-        let head = head_before_line(dx);
+        let head = cache::before_first_line(dx);
         let inputs = Inputs {
             x: &x,
             dy: &dy,

@@ -41,6 +41,13 @@ pub(crate) fn rows_ahead<A>(d: usize) -> usize {
 /// Bytes per cache line on the targets that have prefetch hints.
 pub(crate) const LINE: usize = 64;
 
+/// How many elements of `output` come before its first cache line (at most
+/// all of them): the head that a streamed row writes with plain stores, so
+/// that the rest starts on a line.
+pub(crate) fn before_first_line<A>(output: &[A]) -> usize {
+    output.as_ptr().align_offset(LINE).min(output.len())
+}
+
 /// Asks for the `len` elements from `start` to be brought into cache for
 /// reading.
 #[cfg_attr(not(debug_assertions), inline(always))]

@@ -279,7 +279,7 @@ dispatch! { in backward:
 
 #[cfg(test)]
 mod tests {
-    use super::backward::{head_before_line, Gain};
+    use super::backward::Gain;
     use super::simd::LANES;
     use super::*;
 
@@ -594,7 +594,7 @@ mod tests {
         let (dx, after) = rest.split_at_mut(len);
         let mut partials = Partials::new(d);
         partials.clear(if inputs.stream {
-            head_before_line(dx)
+            cache::before_first_line(dx)
         } else {
             0
         });

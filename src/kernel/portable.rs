@@ -46,7 +46,7 @@
 
 use super::short::{self, SHORT_ROW};
 use super::simd::{Arith, Vector, LANES};
-use super::{Affine, Io, Params};
+use super::{cache, Affine, Io, Params};
 use crate::scalar::NormScalar;
 
 /// Below this, a sum of squares may hold subnormal squares and so lose
@@ -1036,7 +1036,7 @@ fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
         }
         Io::InPlace(row) => write_chunks_in_place::<A, V, N, F>(row, features, norm),
         Io::Stream { input, output } => {
-            let head = output.as_ptr().align_offset(64).min(output.len());
+            let head = cache::before_first_line(output);
             let (head_input, input) = input.split_at(head);
             let (head_output, output) = output.split_at_mut(head);
             // Fewer than a chunk's elements: written as a row's last chunk is.
