@@ -405,7 +405,8 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
         A::zero()
     }
 
-    const PIPELINED: bool = false;
+    // See `PIPELINE_MAX_ROW_BYTES` for why only `f32` rows.
+    const PIPELINED: bool = size_of::<A>() == size_of::<f32>();
     type Stats = Option<(f64, f64)>;
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn stats<V: Vector>(self, x: &[A]) -> Option<(f64, f64)> {
@@ -457,8 +458,20 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 /// `f64` d = 64 1.04 - 1.07 -> 0.84 - 0.89; out of cache (256 MiB) `_into`
 /// `f32` d = 64 1.00 - 1.04 -> 0.93 - 0.95, in place `f64` d = 64
 /// 1.15 - 1.17 -> 1.00 - 1.02. Rows of 3 KiB and more were unchanged or up
-/// to 5% slower, and so was RMSNorm in `f64` at d = 128 and 256, whose chain
-/// is shorter; RMSNorm is not pipelined.
+/// to 5% slower.
+///
+/// RMSNorm's chain is shorter, and only its `f32` rows gain. The same
+/// measurement, five runs each: `f32` in cache `_into` d = 64
+/// 0.53 - 0.55 -> 0.50, d = 100 0.52 - 0.55 -> 0.47 - 0.50, d = 256
+/// 0.40 - 0.41 -> 0.38 - 0.39; in place d = 64 0.53 -> 0.48 - 0.51, d = 100
+/// 0.67 - 0.68 -> 0.46 - 0.48 (out of cache 0.72 -> 0.53). `f64` rows lost
+/// at d = 64 (`_into` 0.44 - 0.45 -> 0.49 - 0.53) and d = 128, so `f64`
+/// RMSNorm is not pipelined, although its in-place rows of d = 100 gained
+/// as much as the `f32` ones (0.64 - 0.80 -> 0.44 - 0.50). Likely cause of
+/// that in-place gap: a row whose length is not a whole number of cache
+/// lines shares its last line with the next row, whose first load then
+/// follows the masked store of the previous row's tail closely and waits
+/// for it.
 const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
