@@ -499,7 +499,7 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     let row_bytes = d * size_of::<A>();
     // In place, a row whose end does not close a cache line shares that line
     // with the next row (see `PIPELINE_MAX_ROW_BYTES`).
-    let shares_lines = matches!(io, Io::InPlace(_)) && row_bytes % cache::LINE != 0;
+    let shares_lines = matches!(io, Io::InPlace(_)) && !row_bytes.is_multiple_of(cache::LINE);
     let pipelined = (Op::PIPELINED || shares_lines) && row_bytes <= PIPELINE_MAX_ROW_BYTES;
     let mut pending = None;
     for (row, io) in io.rows(d).enumerate() {
