@@ -445,7 +445,8 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 }
 
 /// Rows of at most this many bytes are pipelined by [`long_rows`] when the
-/// operation asks for it ([`ShortOp::PIPELINED`]).
+/// operation asks for it ([`ShortOp::PIPELINED`]) or, in place, when they
+/// end inside a cache line.
 ///
 /// A short row's statistics end in a long chain of dependent steps (lane
 /// trees, the division of the mean, the square root), during which the
@@ -460,8 +461,8 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 /// 1.15 - 1.17 -> 1.00 - 1.02. Rows of 3 KiB and more were unchanged or up
 /// to 5% slower.
 ///
-/// RMSNorm's chain is shorter, and only its `f32` rows gain. The same
-/// measurement, five runs each: `f32` in cache `_into` d = 64
+/// RMSNorm's chain is shorter, and only its `f32` rows gain. Measured the
+/// same way, five runs each: `f32` in cache `_into` d = 64
 /// 0.53 - 0.55 -> 0.50, d = 100 0.52 - 0.55 -> 0.47 - 0.50, d = 256
 /// 0.40 - 0.41 -> 0.38 - 0.39; in place d = 64 0.53 -> 0.48 - 0.51, d = 100
 /// 0.67 - 0.68 -> 0.46 - 0.48 (out of cache 0.72 -> 0.53). `f64` rows lost
@@ -481,9 +482,10 @@ const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
 /// each next row (and, when the output is separate, its destination) to be
 /// brought into cache while the current one is worked on. Short enough
-/// rows of a pipelined operation are written one row behind: each row's
-/// statistics are computed before the previous row is written (same
-/// arithmetic per row, so the same bits).
+/// rows of a pipelined operation (and, in place, short rows that end inside
+/// a cache line) are written one row behind: each row's statistics are
+/// computed before the previous row is written (same arithmetic per row,
+/// so the same bits).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
     let total = io.input().len();
