@@ -475,8 +475,11 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 /// rows were slow). Pipelined, the statistics of the next row come between
 /// them: `f64` RMSNorm in place in cache, five runs each, d = 20
 /// 2.61 - 2.76 -> 1.46 - 1.60 (one run 2.00), d = 36 1.51 - 1.69 ->
-/// 1.05 - 1.07 (two runs above), d = 100 0.67 - 0.88 -> 0.43 - 0.58. So
-/// every operation pipelines such rows in place.
+/// 1.05 - 1.07 (two runs above), d = 100 0.67 - 0.88 -> 0.43 - 0.58. Rows
+/// of whole lines that still end in a partial vector gained nothing
+/// (d = 24 1.24 - 1.34 -> 1.25 - 1.31, d = 40 0.81 - 0.87 -> 0.89 - 0.92
+/// with one run of each build at 1.48 and 1.60), so the test is the line,
+/// not the vector. Every operation pipelines such rows in place.
 const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
