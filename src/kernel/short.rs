@@ -507,17 +507,23 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     let shares_lines = matches!(io, Io::InPlace(_)) && !row_bytes.is_multiple_of(cache::LINE);
     let pipelined = (Op::PIPELINED || shares_lines) && row_bytes <= PIPELINE_MAX_ROW_BYTES;
     let mut pending = None;
-    // Rows written as they come ask for the first half of the row ahead
-    // before their statistics and the second half before their output
-    // pass, rather than for all of it at once (a burst of a whole row's
-    // requests likely kept the current row's own loads waiting). Out of
-    // cache (256 MiB, one thread, alternating builds, ns per element, three
-    // to five runs), d = 768: `f32` LayerNorm in place 1.02 - 1.24 ->
-    // 0.80 - 1.05, `_into` 1.02 - 1.09 -> 0.91 - 0.93, `f32` RMSNorm in
-    // place 0.60 - 0.79 -> 0.52 - 0.67, `f64` LayerNorm in place
+    // Rows longer than `PIPELINE_MAX_ROW_BYTES` ask for the first half of
+    // the row ahead before their statistics and the second half before
+    // their output pass, rather than for all of it at once (a burst of a
+    // whole row's requests likely kept the current row's own loads
+    // waiting). Out of cache (256 MiB, one thread, alternating builds, ns
+    // per element, three to five runs), d = 768: `f32` LayerNorm in place
+    // 1.02 - 1.24 -> 0.80 - 1.05, `_into` 1.02 - 1.09 -> 0.91 - 0.93, `f32`
+    // RMSNorm in place 0.60 - 0.79 -> 0.52 - 0.67, `f64` LayerNorm in place
     // 1.28 - 1.54 -> 1.15 - 1.16; d = 4096 within noise, d = 16384 `f32`
-    // LayerNorm in place 1.08 - 1.09 -> 1.10 - 1.15.
-    let half = d / 2;
+    // LayerNorm in place 1.08 - 1.09 -> 1.10 - 1.15. Shorter rows written
+    // as they come (`f64` RMSNorm) were 3 - 5% slower with it at d = 64 and
+    // keep one burst.
+    let first_part = if row_bytes > PIPELINE_MAX_ROW_BYTES {
+        d / 2
+    } else {
+        d
+    };
     let hint = |start: usize, len: usize| {
         cache::for_reading(input.wrapping_add(start), len);
         if let Some(output) = output {
@@ -537,11 +543,11 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
             }
         } else {
             if hinted {
-                hint(next, half);
+                hint(next, first_part);
             }
             let stats = op.stats::<V>(io.input());
-            if hinted {
-                hint(next + half, d - half);
+            if hinted && first_part < d {
+                hint(next + first_part, d - first_part);
             }
             op.write::<V>(io, stats);
         }
