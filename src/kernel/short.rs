@@ -533,22 +533,17 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     for (row, io) in io.rows(d).enumerate() {
         let next = (row + ahead) * d;
         let hinted = prefetch && next < total;
-        if pipelined {
-            if hinted {
-                hint(next, d);
-            }
-            let stats = op.stats::<V>(io.input());
-            if let Some((io, stats)) = pending.replace((io, stats)) {
-                op.write::<V>(io, stats);
-            }
-        } else {
-            if hinted {
-                hint(next, first_part);
-            }
-            let stats = op.stats::<V>(io.input());
-            if hinted && first_part < d {
-                hint(next + first_part, d - first_part);
-            }
+        if hinted {
+            hint(next, first_part);
+        }
+        let stats = op.stats::<V>(io.input());
+        // Only rows too long to be pipelined have a second part.
+        if hinted && first_part < d {
+            hint(next + first_part, d - first_part);
+        }
+        if !pipelined {
+            op.write::<V>(io, stats);
+        } else if let Some((io, stats)) = pending.replace((io, stats)) {
             op.write::<V>(io, stats);
         }
     }
