@@ -94,7 +94,12 @@ const STREAM_MIN_ROW_BYTES: usize = 2048;
 /// elements, is written past the caches (see [`STREAM_MIN_BYTES`] and
 /// [`STREAM_MIN_ROW_BYTES`]).
 pub(crate) fn worth_streaming<A>(output: &[A], d: usize) -> bool {
-    size_of_val(output) >= STREAM_MIN_BYTES && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES
+    worth_streaming_bytes::<A>(size_of_val(output), d)
+}
+
+/// [`worth_streaming`] of an output of `bytes` bytes.
+fn worth_streaming_bytes<A>(bytes: usize, d: usize) -> bool {
+    bytes >= STREAM_MIN_BYTES && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES
 }
 
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
@@ -154,7 +159,16 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
         rows(input, output);
         return;
     }
-    strided::map(x.view().into_dyn(), out.view_mut().into_dyn(), &on_rows);
+    // Only the rows of a contiguous output are written where they lie.
+    let stream = may_stream
+        && out.is_standard_layout()
+        && worth_streaming_bytes::<A>(out.len() * size_of::<A>(), d);
+    strided::map(
+        x.view().into_dyn(),
+        out.view_mut().into_dyn(),
+        stream,
+        &on_rows,
+    );
 }
 
 /// Runs `kernel` on every row of `x`, overwriting it.

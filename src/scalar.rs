@@ -65,6 +65,20 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
     /// rows of `d` elements, for every `j < d`, rounding each lane once.
     #[doc(hidden)]
     fn store_columns<V: Vector>(columns: &[V; LANES], rows: &mut [Self], d: usize);
+    /// Copies a square of [`NormScalar::SQUARE`] lines of as many elements
+    /// (a cache line each), transposed: `src[i · src_lead + j]` to
+    /// `dst[j · dst_lead + i]`.
+    #[doc(hidden)]
+    fn transpose_square<V: Vector>(
+        src: &[Self],
+        src_lead: usize,
+        dst: &mut [Self],
+        dst_lead: usize,
+    );
+    /// Elements in a 64-byte cache line: the side of the squares of
+    /// [`NormScalar::transpose_square`].
+    #[doc(hidden)]
+    const SQUARE: usize = 64 / size_of::<Self>();
 }
 
 impl NormScalar for f32 {
@@ -104,6 +118,15 @@ impl NormScalar for f32 {
     fn store_columns<V: Vector>(columns: &[V; LANES], rows: &mut [Self], d: usize) {
         V::store_columns_f32(columns, rows, d)
     }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn transpose_square<V: Vector>(
+        src: &[Self],
+        src_lead: usize,
+        dst: &mut [Self],
+        dst_lead: usize,
+    ) {
+        V::transpose_square_f32(src, src_lead, dst, dst_lead)
+    }
 }
 
 impl NormScalar for f64 {
@@ -142,5 +165,14 @@ impl NormScalar for f64 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn store_columns<V: Vector>(columns: &[V; LANES], rows: &mut [Self], d: usize) {
         V::store_columns_f64(columns, rows, d)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn transpose_square<V: Vector>(
+        src: &[Self],
+        src_lead: usize,
+        dst: &mut [Self],
+        dst_lead: usize,
+    ) {
+        V::transpose_square_f64(src, src_lead, dst, dst_lead)
     }
 }

@@ -17,6 +17,7 @@ mod params;
 mod portable;
 mod short;
 pub(crate) mod simd;
+mod transpose;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -226,6 +227,19 @@ dispatch! {
 dispatch! {
     /// `(mean, rms)` of one (non-empty) row, in `f64`.
     pub(crate) fn row_stats<A>(x: &[A]) -> (f64, f64);
+}
+
+dispatch! { in transpose:
+    /// `dst[j · dst_lead + i] = src[i · src_lead + j]` for `i < lines`,
+    /// `j < length`: see [`transpose::transpose_lines`].
+    pub(crate) fn transpose_lines<A>(
+        src: &[A],
+        src_lead: usize,
+        dst: &mut [A],
+        dst_lead: usize,
+        lines: usize,
+        length: usize,
+    );
 }
 
 dispatch! { in backward:
@@ -738,6 +752,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every instruction set copies every element to its transposed place,
+    /// squares and edges alike, and leaves the rest of `dst` alone.
+    fn check_transpose<A: NormScalar>() {
+        for (lines, length) in [
+            (1, 1),
+            (3, 5),
+            (8, 8),
+            (16, 16),
+            (17, 33),
+            (64, 16),
+            (21, 40),
+        ] {
+            for (src_pad, dst_pad) in [(0, 0), (3, 7)] {
+                let (src_lead, dst_lead) = (length + src_pad, lines + dst_pad);
+                let src: Vec<A> = (0..lines * src_lead)
+                    .map(|k| A::narrow(k as f64 + 0.5))
+                    .collect();
+                let sentinel = A::narrow(-1.0);
+                for isa in Isa::available() {
+                    let mut dst = vec![sentinel; length * dst_lead];
+                    transpose_lines(isa, &src, src_lead, &mut dst, dst_lead, lines, length);
+                    for (k, &value) in dst.iter().enumerate() {
+                        let (j, i) = (k / dst_lead, k % dst_lead);
+                        let expected = if i < lines {
+                            src[i * src_lead + j]
+                        } else {
+                            sentinel
+                        };
+                        assert!(
+                            value == expected,
+                            "{isa:?} {lines} x {length}, leads {src_lead} {dst_lead}: \
+                             dst[{k}] = {value:?}, expected {expected:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transposing_copies_move_every_element() {
+        check_transpose::<f32>();
+        check_transpose::<f64>();
     }
 
     #[test]

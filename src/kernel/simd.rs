@@ -6,7 +6,7 @@
 //! operation in every lane, and element `i` of a chunk always lands in lane
 //! `i`. The kernels therefore produce the same bits on every path.
 
-use std::ops::{Add, Div, Mul, Sub};
+use std::ops::{Add, Div, Mul, Range, Sub};
 
 use crate::scalar::NormScalar;
 
@@ -175,6 +175,20 @@ pub trait Vector: Arith {
     fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
         column_by_column::store_f64(columns, rows, d)
     }
+    /// Copies a square of 16 lines of 16 `f32`, transposed: element `j` of
+    /// line `i`, `src[i · src_lead + j]`, to `dst[j · dst_lead + i]`. The
+    /// slices hold at least `15 · lead + 16` elements. One element at a time
+    /// here; in registers where a vector type has the permutes for it.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn transpose_square_f32(src: &[f32], src_lead: usize, dst: &mut [f32], dst_lead: usize) {
+        transpose_elements(src, src_lead, dst, dst_lead, 0..16, 0..16);
+    }
+    /// [`Vector::transpose_square_f32`] for a square of 8 lines of 8 `f64`
+    /// (slices of at least `7 · lead + 8` elements).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn transpose_square_f64(src: &[f64], src_lead: usize, dst: &mut [f64], dst_lead: usize) {
+        transpose_elements(src, src_lead, dst, dst_lead, 0..8, 0..8);
+    }
     /// Lanes `width .. 2 · width` moved down to `0 .. width`, for `width`
     /// a power of two below `LANES`; the other lanes hold arbitrary values.
     /// One step of the halving tree that reduces a vector to one lane.
@@ -279,6 +293,26 @@ pub(crate) mod column_by_column {
     pub(crate) fn store_f64<V: Vector>(columns: &[V; LANES], rows: &mut [f64], d: usize) {
         for (j, column) in columns.iter().enumerate().take(d) {
             column.store_column_f64(rows, j, d);
+        }
+    }
+}
+
+/// `dst[j · dst_lead + i] = src[i · src_lead + j]` for the `lines` `i` and
+/// `elements` `j` given, one element at a time: the transposing copies of
+/// every vector type without a faster one, and the edges of larger ones.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(crate) fn transpose_elements<T: Copy>(
+    src: &[T],
+    src_lead: usize,
+    dst: &mut [T],
+    dst_lead: usize,
+    lines: Range<usize>,
+    elements: Range<usize>,
+) {
+    for i in lines {
+        let line = &src[i * src_lead..];
+        for j in elements.clone() {
+            dst[j * dst_lead + i] = line[j];
         }
     }
 }

@@ -22,8 +22,8 @@ use std::arch::x86_64::*;
 use std::ops::{Add, Div, Mul, Sub};
 
 use super::simd::{
-    chunk_stays_in_page, column_by_column, column_lanes, store_column_lanes, through_chunk, Arith,
-    Lanes, Vector, LANES,
+    chunk_stays_in_page, column_by_column, column_lanes, store_column_lanes, through_chunk,
+    transpose_elements, Arith, Lanes, Vector, LANES,
 };
 
 pub(super) fn has_avx2() -> bool {
@@ -544,6 +544,41 @@ vector_type! {
                 _mm512_i32scatter_pd::<8>(start, _mm512_extracti64x4_epi64::<1>(offsets), self.0[1]);
             }
         }
+        // A square of a cache line of elements each way moves in registers
+        // by the rounds of `rows_to_columns`: 16 `f32` lines, or 8 `f64`.
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn transpose_square_f32(src: &[f32], src_lead: usize, dst: &mut [f32], dst_lead: usize) {
+            if !square_fits(src.len(), src_lead, 16) || !square_fits(dst.len(), dst_lead, 16) {
+                return transpose_elements(src, src_lead, dst, dst_lead, 0..16, 0..16);
+            }
+            // SAFETY: `square_fits`: line `i < 16` of either slice, 16
+            // elements from `i · lead`, lies inside it; features: module docs.
+            unsafe {
+                let mut lines = [_mm512_setzero_ps(); 16];
+                for (i, line) in lines.iter_mut().enumerate() {
+                    *line = _mm512_loadu_ps(src.as_ptr().add(i * src_lead));
+                }
+                for (j, line) in rows_to_columns(lines).into_iter().enumerate() {
+                    _mm512_storeu_ps(dst.as_mut_ptr().add(j * dst_lead), line);
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn transpose_square_f64(src: &[f64], src_lead: usize, dst: &mut [f64], dst_lead: usize) {
+            if !square_fits(src.len(), src_lead, 8) || !square_fits(dst.len(), dst_lead, 8) {
+                return transpose_elements(src, src_lead, dst, dst_lead, 0..8, 0..8);
+            }
+            // SAFETY: as in `transpose_square_f32`, for 8 lines of 8.
+            unsafe {
+                let mut lines = [_mm512_setzero_pd(); 8];
+                for (i, line) in lines.iter_mut().enumerate() {
+                    *line = _mm512_loadu_pd(src.as_ptr().add(i * src_lead));
+                }
+                for (j, line) in rows_to_columns(lines).into_iter().enumerate() {
+                    _mm512_storeu_pd(dst.as_mut_ptr().add(j * dst_lead), line);
+                }
+            }
+        }
         // Whole blocks of 16 rows of 2 to 8 elements or of 16 are moved
         // between rows and columns in registers (`rows_to_columns` for
         // powers of two, the permutes of `BlockPermutes` otherwise)
@@ -981,6 +1016,15 @@ fn column_fits(len: usize, j: usize, d: usize) -> bool {
     j < d && d <= LANES && (LANES - 1) * d + j < len
 }
 
+/// Whether `side` lines of `side` elements, `lead` apart, fit in a slice
+/// of `len` elements.
+fn square_fits(len: usize, lead: usize, side: usize) -> bool {
+    (side - 1)
+        .checked_mul(lead)
+        .and_then(|start| start.checked_add(side))
+        .is_some_and(|needed| needed <= len)
+}
+
 /// The offsets `l · d` of lanes `l = 0 .. 16`, for `d <= LANES` (checked
 /// by [`column_fits`]), so the products are small.
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -998,6 +1042,7 @@ macro_rules! trampolines {
     ($features:literal, $vector:ty) => {
         use super::super::backward::{self, Inputs, Partials, RowCentring, RowScaling, Saved};
         use super::super::portable;
+        use super::super::transpose;
         use super::super::{Affine, Io, Params};
         use crate::scalar::NormScalar;
 
@@ -1023,6 +1068,20 @@ macro_rules! trampolines {
             eps: f64,
         ) {
             portable::rms_norm_rows::<A, $vector>(io, rows, params, eps)
+        }
+
+        /// # Safety
+        /// The CPU must support the module's target features.
+        #[target_feature(enable = $features)]
+        pub(in crate::kernel) unsafe fn transpose_lines<A: NormScalar>(
+            src: &[A],
+            src_lead: usize,
+            dst: &mut [A],
+            dst_lead: usize,
+            lines: usize,
+            length: usize,
+        ) {
+            transpose::transpose_lines::<A, $vector>(src, src_lead, dst, dst_lead, lines, length)
         }
 
         /// # Safety

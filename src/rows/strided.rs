@@ -33,7 +33,7 @@ use ndarray::{s, ArrayView, ArrayView2, ArrayViewMut, ArrayViewMut2, Axis, Ix1, 
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
 
-use crate::kernel::{cache, Io};
+use crate::kernel::{cache, transpose_lines, Io, Isa};
 use crate::scalar::NormScalar;
 
 /// Bytes of row data a gather block holds: as many rows as fit, within
@@ -176,12 +176,14 @@ fn in_groups<A>(rows: &mut [A], d: usize, next: &NextBlock<A>, kernel: &impl Fn(
     }
 }
 
-/// [`in_groups`] from the rows of `input` into those of `output`.
+/// [`in_groups`] from the rows of `input` into those of `output`, streamed
+/// with `stream` ([`output_rows`]).
 fn copies_in_groups<A>(
     input: &[A],
     output: &mut [A],
     d: usize,
     next: &NextBlock<A>,
+    stream: bool,
     kernel: &impl Fn(Io<'_, A>, usize),
 ) {
     let group_rows = group_rows::<A>(d);
@@ -191,7 +193,17 @@ fn copies_in_groups<A>(
     for (group, (input, output)) in groups.enumerate() {
         let count = input.len() / d;
         next.ahead(group * group_rows..group * group_rows + count);
-        kernel(Io::Copy { input, output }, count);
+        kernel(output_rows(stream, input, output), count);
+    }
+}
+
+/// The [`Io`] of rows read from `input` and written where they lie in the
+/// output: streamed past the caches with `stream`.
+fn output_rows<'a, A>(stream: bool, input: &'a [A], output: &'a mut [A]) -> Io<'a, A> {
+    if stream {
+        Io::Stream { input, output }
+    } else {
+        Io::Copy { input, output }
     }
 }
 
@@ -269,10 +281,13 @@ fn block_rows<A>(d: usize) -> usize {
     (BLOCK_BYTES / row_bytes).clamp(MIN_BLOCK_ROWS, MAX_BLOCK_ROWS)
 }
 
-/// `out[r] = kernel(x[r])` for every row `r` (same shapes).
+/// `out[r] = kernel(x[r])` for every row `r` (same shapes). With `stream`,
+/// rows written straight into `out` are written past the caches
+/// ([`Io::Stream`]) wherever its rows are contiguous.
 pub(super) fn map<A: NormScalar>(
     x: ArrayView<'_, A, IxDyn>,
     out: ArrayViewMut<'_, A, IxDyn>,
+    stream: bool,
     kernel: &(impl Fn(Io<'_, A>, usize) + Sync),
 ) {
     let (x, out) = if x.ndim() == 1 {
@@ -280,7 +295,12 @@ pub(super) fn map<A: NormScalar>(
     } else {
         (x, out)
     };
-    drive(Map { x, out, kernel });
+    drive(Map {
+        x,
+        out,
+        stream,
+        kernel,
+    });
 }
 
 /// `x[r] = kernel(x[r])` for every row `r`.
@@ -508,18 +528,24 @@ fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
 /// writing `dst` in memory order: column by column when neighbouring rows
 /// are closer than neighbouring elements, so that each column's piece is
 /// written as whole cache lines (on Fortran-order arrays done in place this
-/// beat the tiled walk of [`copy_block`] at every d measured, 4 to 4096;
-/// reading the buffer's rows through a [`LineTile`] first was 6 - 9% slower
-/// at d = 64 and 3 - 4% faster at d = 768),
-/// row by row otherwise.
+/// beat the tiled walk of [`copy_block`] at every d measured, 4 to 4096),
+/// row by row otherwise. Where a [`LineTile`] takes the block, a strip of
+/// the buffer's rows is transposed into it in registers and each column
+/// piece is written from it in one run; other blocks are copied column by
+/// column, element by element.
 fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
-    let src = matrix(src, dst.ncols());
-    if by_columns(dst.strides()) {
-        Zip::from(dst.columns_mut())
-            .and(src.columns())
-            .for_each(|mut dst, src| dst.assign(&src));
+    let d = dst.ncols();
+    if !by_columns(dst.strides()) {
+        dst.assign(&matrix(src, d));
+    } else if let Some(mut tile) = LineTile::for_shape(dst.strides(), dst.nrows(), dst.len()) {
+        for strip in LineTile::<A>::strips(d) {
+            tile.load_rows(src, d, strip.clone());
+            tile.store_columns(dst, strip);
+        }
     } else {
-        dst.assign(&src);
+        Zip::from(dst.columns_mut())
+            .and(matrix(src, d).columns())
+            .for_each(|mut dst, src| dst.assign(&src));
     }
 }
 
@@ -543,17 +569,22 @@ const LINE_TILE_COLUMNS: usize = 16;
 ///
 /// Each column piece is read whole, as one run of memory, instead of one
 /// element per row visit; the transposition then happens between the tile,
-/// which sits in L1, and whole cache lines of the rows. The tile's fixed
-/// shape lets a full strip's part of a row compile to straight-line loads
-/// and stores without bounds checks. Against the `Zip` tiles of
-/// [`copy_block`], Fortran-order `f32` `layer_norm_into` at one thread went
-/// from 1.56 to 1.34 ns per element at d = 64 in cache (x of 256 KiB; the
-/// same at d = 768), and see [`LINE_TILE_BLOCK_BYTES`] out of cache.
+/// which sits in L1, and whole cache lines of the rows, by the kernel's
+/// [`transpose_lines`]: squares of a cache line each way in registers where
+/// the instruction set allows (AVX-512), element by element elsewhere and at
+/// the edges. Scattering goes the other way through the same tile.
+///
+/// Against the `Zip` tiles of [`copy_block`], the tile with element-wise
+/// moves took Fortran-order `f32` `layer_norm_into` at one thread from 1.56
+/// to 1.34 ns per element at d = 64 in cache (x of 256 KiB; the same at
+/// d = 768); see [`LINE_TILE_BLOCK_BYTES`] out of cache.
 struct LineTile<A> {
     /// `columns[k][r]`: element `r` of the strip's column `k`.
     columns: [[A; MAX_BLOCK_ROWS]; LINE_TILE_COLUMNS],
     /// Rows of the block (the length of each column piece).
     rows: usize,
+    /// The instruction set of the transposing copies.
+    isa: Isa,
 }
 
 impl<A: NormScalar> LineTile<A> {
@@ -572,12 +603,17 @@ impl<A: NormScalar> LineTile<A> {
     /// A tile for `block` when its column pieces are contiguous, it has at
     /// most [`MAX_BLOCK_ROWS`] rows and at most [`LINE_TILE_BLOCK_BYTES`].
     fn for_block(block: &ArrayView2<'_, A>) -> Option<Self> {
-        let contiguous_columns = block.strides().first() == Some(&1);
-        let rows = block.nrows();
-        let small = block.len() * size_of::<A>() <= LINE_TILE_BLOCK_BYTES;
+        Self::for_shape(block.strides(), block.nrows(), block.len())
+    }
+
+    /// [`LineTile::for_block`] of a block of these strides and sizes.
+    fn for_shape(strides: &[isize], rows: usize, len: usize) -> Option<Self> {
+        let contiguous_columns = strides.first() == Some(&1);
+        let small = len * size_of::<A>() <= LINE_TILE_BLOCK_BYTES;
         (contiguous_columns && small && (1..=MAX_BLOCK_ROWS).contains(&rows)).then(|| LineTile {
             columns: [[A::zero(); MAX_BLOCK_ROWS]; LINE_TILE_COLUMNS],
             rows,
+            isa: Isa::detect(),
         })
     }
 
@@ -601,28 +637,46 @@ impl<A: NormScalar> LineTile<A> {
         }
     }
 
-    /// Element `r` of each column of the tile into `out` (`out.len()`
-    /// columns). A full strip is copied with a length known at compile
-    /// time: straight-line code, without bounds checks.
-    #[inline(always)]
-    fn row_into(&self, r: usize, out: &mut [A]) {
-        #[inline(always)]
-        fn copy<A: Copy>(out: &mut [A], columns: &[[A; MAX_BLOCK_ROWS]], r: usize) {
-            for (o, column) in out.iter_mut().zip(columns) {
-                *o = column[r];
-            }
-        }
-        if out.len() == Self::WIDTH && r < MAX_BLOCK_ROWS {
-            copy(&mut out[..Self::WIDTH], &self.columns[..Self::WIDTH], r);
-        } else {
-            copy(out, &self.columns, r);
-        }
-    }
-
     /// Writes the tile into `strip` of the rows of `d` elements in `rows`.
     fn store_rows(&self, rows: &mut [A], d: usize, strip: Range<usize>) {
-        for (r, row) in rows.chunks_exact_mut(d).enumerate().take(MAX_BLOCK_ROWS) {
-            self.row_into(r, &mut row[strip.clone()]);
+        let tile = self.columns.as_flattened();
+        let rows = &mut rows[strip.start..];
+        transpose_lines(
+            self.isa,
+            tile,
+            MAX_BLOCK_ROWS,
+            rows,
+            d,
+            strip.len(),
+            self.rows,
+        );
+    }
+
+    /// Reads `strip` of the rows of `d` elements in `rows` into the tile.
+    fn load_rows(&mut self, rows: &[A], d: usize, strip: Range<usize>) {
+        let tile = self.columns.as_flattened_mut();
+        let rows = &rows[strip.start..];
+        transpose_lines(
+            self.isa,
+            rows,
+            d,
+            tile,
+            MAX_BLOCK_ROWS,
+            self.rows,
+            strip.len(),
+        );
+    }
+
+    /// Writes the tile's columns into the column pieces of `strip` of `dst`.
+    fn store_columns(&self, dst: &mut ArrayViewMut2<'_, A>, strip: Range<usize>) {
+        let rows = self.rows;
+        for (column, held) in strip.zip(&self.columns) {
+            let mut piece = dst.column_mut(column);
+            let held = &held[..rows];
+            match piece.as_slice_mut() {
+                Some(piece) => piece.copy_from_slice(held),
+                None => piece.iter_mut().zip(held).for_each(|(p, &h)| *p = h),
+            }
         }
     }
 }
@@ -640,6 +694,8 @@ fn two_d<V, W>(a: Result<V, ndarray::ShapeError>, b: Result<W, ndarray::ShapeErr
 struct Map<'a, 'k, A, K> {
     x: ArrayView<'a, A, IxDyn>,
     out: ArrayViewMut<'a, A, IxDyn>,
+    /// Whether output rows written where they lie are streamed.
+    stream: bool,
     kernel: &'k K,
 }
 
@@ -666,32 +722,39 @@ where
         Map {
             x: self.x.permuted_axes(perm),
             out: self.out.permuted_axes(perm),
-            kernel: self.kernel,
+            ..self
         }
     }
 
     fn split_at(self, axis: usize, index: usize) -> (Self, Self) {
         let (x1, x2) = self.x.split_at(Axis(axis), index);
         let (o1, o2) = self.out.split_at(Axis(axis), index);
-        let kernel = self.kernel;
+        let (stream, kernel) = (self.stream, self.kernel);
         (
             Map {
                 x: x1,
                 out: o1,
+                stream,
                 kernel,
             },
             Map {
                 x: x2,
                 out: o2,
+                stream,
                 kernel,
             },
         )
     }
 
     fn for_each_outer(self, mut f: impl FnMut(Self)) {
-        let kernel = self.kernel;
+        let (stream, kernel) = (self.stream, self.kernel);
         for (x, out) in self.x.into_outer_iter().zip(self.out.into_outer_iter_mut()) {
-            f(Map { x, out, kernel });
+            f(Map {
+                x,
+                out,
+                stream,
+                kernel,
+            });
         }
     }
 
@@ -702,8 +765,9 @@ where
         );
         let kernel = self.kernel;
         let d = x.ncols();
+        let stream = self.stream;
         if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
-            kernel(Io::Copy { input, output }, x.nrows());
+            kernel(output_rows(stream, input, output), x.nrows());
             return;
         }
         let gather_in = gathered(&x.view());
@@ -722,7 +786,9 @@ where
                     for (input, mut output) in x.rows().into_iter().zip(out.rows_mut()) {
                         ahead.hint(input.as_ptr(), output.as_ptr());
                         match (input.to_slice(), output.as_slice_mut()) {
-                            (Some(input), Some(output)) => kernel(Io::Copy { input, output }, 1),
+                            (Some(input), Some(output)) => {
+                                kernel(output_rows(stream, input, output), 1)
+                            }
                             _ => {
                                 // Not reached: both rows were found contiguous.
                                 let row = &mut buf[..d];
@@ -760,14 +826,14 @@ where
                 (true, false) => {
                     gather(&x, buf);
                     if let Some(output) = out.as_slice_mut() {
-                        copies_in_groups(buf, output, d, &next, kernel);
+                        copies_in_groups(buf, output, d, &next, stream, kernel);
                         continue;
                     }
                     let rows = buf.chunks_exact(d).zip(out.rows_mut());
                     for (row, (input, mut output)) in rows.enumerate() {
                         next.ahead(row..row + 1);
                         match output.as_slice_mut() {
-                            Some(output) => kernel(Io::Copy { input, output }, 1),
+                            Some(output) => kernel(output_rows(stream, input, output), 1),
                             None => {
                                 // Not reached: the output rows were found contiguous.
                                 let mut row = input.to_vec();
