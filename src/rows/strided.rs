@@ -503,7 +503,13 @@ fn copy_block<A: NormScalar>(dst: &mut ArrayViewMut2<'_, A>, src: &ArrayView2<'_
         return;
     }
     if let (Some(mut tile), Some(rows)) = (LineTile::for_block(src), dst.as_slice_mut()) {
+        let hints = hints_for_strips::<A>(src.strides(), d, src.len());
         for strip in LineTile::<A>::strips(d) {
+            if hints {
+                for column in LineTile::<A>::columns_ahead(&strip, d) {
+                    cache::for_reading(src.column(column).as_ptr(), src.nrows());
+                }
+            }
             tile.load_columns(src, strip.clone());
             tile.store_rows(rows, d, strip);
         }
@@ -538,7 +544,13 @@ fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
     if !by_columns(dst.strides()) {
         dst.assign(&matrix(src, d));
     } else if let Some(mut tile) = LineTile::for_shape(dst.strides(), dst.nrows(), dst.len()) {
+        let hints = hints_for_strips::<A>(dst.strides(), d, dst.len());
         for strip in LineTile::<A>::strips(d) {
+            if hints {
+                for column in LineTile::<A>::columns_ahead(&strip, d) {
+                    cache::for_writing(dst.column(column).as_ptr(), dst.nrows());
+                }
+            }
             tile.load_rows(src, d, strip.clone());
             tile.store_columns(dst, strip);
         }
@@ -549,16 +561,43 @@ fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
     }
 }
 
-/// The largest block gathered through a [`LineTile`]. Measured on 256 MiB
-/// Fortran-order `f32` inputs at one thread, two alternating runs, ns per
-/// element, through the tile against `Zip` tiles: `layer_norm_into` d = 64
-/// 2.37 - 2.51 -> 1.91 - 2.28, d = 768 (192 KiB blocks) 2.37 - 2.74 ->
-/// 2.31 - 2.43, d = 4096 (1 MiB blocks) 2.63 - 2.75 -> 2.61 - 2.62;
-/// `layer_norm_inplace` d = 64 2.06 - 2.11 -> 1.83 - 1.98, d = 768 2.09 -
-/// 2.41 -> 2.09 - 2.21, but d = 4096 3.53 - 3.83 -> 3.97 - 4.01. Rows of
-/// larger blocks lie 16 KiB and more apart in the buffer, and a strip
-/// writes a line into each of them in turn.
-const LINE_TILE_BLOCK_BYTES: usize = 512 << 10;
+/// The largest block gathered through a [`LineTile`]: every block of rows of
+/// up to 16384 elements, of either type (32 rows of 128 KiB). Measured on
+/// 256 MiB Fortran-order `f32` inputs at one thread, five alternating runs,
+/// ns per element, when this was 512 KiB (blocks of d = 4096 and more went
+/// through `Zip` tiles and column by column) -> 4 MiB, with the
+/// [`STRIPS_AHEAD`] hints: `layer_norm_inplace` d = 4096 3.8 - 4.0 ->
+/// 2.7 - 3.0, `layer_norm_into` 2.4 - 2.6 -> 2.0 - 2.2. With the tile's
+/// element-wise moves it had been the other way in place (d = 4096 3.5 -
+/// 3.8 through `Zip` tiles, 4.0 through the tile): rows of such blocks lie
+/// 16 KiB and more apart in the buffer, and a strip writes a line into
+/// each of them in turn.
+const LINE_TILE_BLOCK_BYTES: usize = 4 << 20;
+
+/// How many strips ahead of the one being copied the column pieces are
+/// asked for, while a block goes through a [`LineTile`] (read when
+/// gathering, for writing when scattering). Measured on 256 MiB
+/// Fortran-order `f32` inputs at one thread, five alternating runs, ns per
+/// element, without hints -> one strip ahead: `layer_norm_inplace` d = 4096
+/// 3.0 - 4.7 -> 2.7 - 3.0, d = 16384 5.2 - 5.7 -> 4.3 - 4.6;
+/// `layer_norm_into` d = 4096 2.4 - 2.6 -> 2.0 - 2.2, d = 16384 2.6 - 2.7
+/// -> 2.3 - 2.5. Two strips ahead were no better than one, four worse;
+/// d = 768, whose next block [`PanelPrefetch`] already asks for, the same
+/// with or without.
+const STRIPS_AHEAD: usize = 1;
+
+/// Whether the strips of a block of `len` elements whose column pieces lie
+/// `strides[1]` apart get hints: when the panel they span (rows of `d`
+/// elements) is larger than a call that the kernel asks hints for, and the
+/// block too large for [`PanelPrefetch`] to have asked for it already (at
+/// d = 64 the hints of both made `layer_norm_inplace` 5% slower).
+fn hints_for_strips<A>(strides: &[isize], d: usize, len: usize) -> bool {
+    let column_stride = strides.get(1).map_or(0, |stride| stride.unsigned_abs());
+    let span = column_stride
+        .saturating_mul(d)
+        .saturating_mul(size_of::<A>());
+    cache::worth_prefetching(span) && len * size_of::<A>() > PREFETCH_BLOCK_BYTES
+}
 
 /// Columns a [`LineTile`] holds at most: a cache line of `f32`.
 const LINE_TILE_COLUMNS: usize = 16;
@@ -622,6 +661,12 @@ impl<A: NormScalar> LineTile<A> {
         (0..d)
             .step_by(Self::WIDTH)
             .map(move |start| start..(start + Self::WIDTH).min(d))
+    }
+
+    /// The columns of the strip [`STRIPS_AHEAD`] strips after `strip`.
+    fn columns_ahead(strip: &Range<usize>, d: usize) -> Range<usize> {
+        let skip = STRIPS_AHEAD * Self::WIDTH;
+        (strip.start + skip).min(d)..(strip.end + skip).min(d)
     }
 
     /// Copies the column pieces of `strip` into the tile.
