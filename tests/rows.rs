@@ -211,6 +211,21 @@ fn large_outputs_written_past_the_caches() {
         assert_eq!(bits(&out), expected_ln, "layer_norm_into, offset {offset}");
         x.rms_norm_into(&mut out, &gamma, 1e-6).unwrap();
         assert_eq!(bits(&out), expected_rms, "rms_norm_into, offset {offset}");
+        // Strided inputs write the rows of a contiguous output the same way:
+        // Fortran order gathered a block at a time, and every other row.
+        let mut fortran = Array2::zeros((rows, d).f());
+        fortran.assign(&x);
+        fortran
+            .layer_norm_into(&mut out, &gamma, &beta, 1e-5)
+            .unwrap();
+        assert_eq!(bits(&out), expected_ln, "Fortran order, offset {offset}");
+        let mut spaced = Array2::from_elem((2 * rows, d), 7.0);
+        spaced.slice_mut(s![..;2, ..]).assign(&x);
+        spaced
+            .slice(s![..;2, ..])
+            .layer_norm_into(&mut out, &gamma, &beta, 1e-5)
+            .unwrap();
+        assert_eq!(bits(&out), expected_ln, "every other row, offset {offset}");
         // f32: twice the rows, so that the output is still 8 MiB.
         let x32 = ndarray::concatenate![ndarray::Axis(0), x32, x32];
         let storage = &mut buffer32[2 * offset..][..2 * rows * d];
