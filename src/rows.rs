@@ -159,7 +159,7 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
         rows(input, output);
         return;
     }
-    // Only the rows of a contiguous output are written where they lie.
+    // Streamed only when the whole output is contiguous.
     let stream = may_stream
         && out.is_standard_layout()
         && worth_streaming_bytes::<A>(out.len() * size_of::<A>(), d);

@@ -165,6 +165,16 @@ impl Isa {
         isas
     }
 
+    /// Whether [`transpose_lines`] moves whole squares in registers on
+    /// this instruction set, rather than one element at a time.
+    pub(crate) fn transposes_in_registers(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Avx512 {
+            return true;
+        }
+        false
+    }
+
     fn code(self) -> u8 {
         match self {
             Isa::Portable => 4,
@@ -765,6 +775,9 @@ mod tests {
             (17, 33),
             (64, 16),
             (21, 40),
+            (40, 21),
+            (0, 5),
+            (5, 0),
         ] {
             for (src_pad, dst_pad) in [(0, 0), (3, 7)] {
                 let (src_lead, dst_lead) = (length + src_pad, lines + dst_pad);

@@ -300,6 +300,8 @@ pub(crate) mod column_by_column {
 /// `dst[j · dst_lead + i] = src[i · src_lead + j]` for the `lines` `i` and
 /// `elements` `j` given, one element at a time: the transposing copies of
 /// every vector type without a faster one, and the edges of larger ones.
+/// The side whose lines lie further apart is walked line by line, so that
+/// each of its lines is read or written in one run.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(crate) fn transpose_elements<T: Copy>(
     src: &[T],
@@ -309,10 +311,22 @@ pub(crate) fn transpose_elements<T: Copy>(
     lines: Range<usize>,
     elements: Range<usize>,
 ) {
-    for i in lines {
-        let line = &src[i * src_lead..];
-        for j in elements.clone() {
-            dst[j * dst_lead + i] = line[j];
+    if lines.is_empty() || elements.is_empty() {
+        return;
+    }
+    if dst_lead > src_lead {
+        for j in elements {
+            let line = &mut dst[j * dst_lead..];
+            for i in lines.clone() {
+                line[i] = src[i * src_lead + j];
+            }
+        }
+    } else {
+        for i in lines {
+            let line = &src[i * src_lead..];
+            for j in elements.clone() {
+                dst[j * dst_lead + i] = line[j];
+            }
         }
     }
 }

@@ -11,8 +11,10 @@ use crate::scalar::NormScalar;
 /// elements on each side move in registers
 /// ([`NormScalar::transpose_square`]), the edges one element at a time.
 ///
-/// `src` holds at least `(lines - 1) · src_lead + length` elements and `dst`
-/// at least `(length - 1) · dst_lead + lines`.
+/// Unless `lines` or `length` is zero, `src` holds at least
+/// `(lines - 1) · src_lead + length` elements and `dst` at least
+/// `(length - 1) · dst_lead + lines`; the lines of each side do not overlap
+/// (`src_lead >= length`, `dst_lead >= lines`).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn transpose_lines<A: NormScalar, V: Vector>(
     src: &[A],
@@ -22,6 +24,7 @@ pub(super) fn transpose_lines<A: NormScalar, V: Vector>(
     lines: usize,
     length: usize,
 ) {
+    debug_assert!(lines == 0 || length == 0 || (src_lead >= length && dst_lead >= lines));
     let side = A::SQUARE;
     let whole_lines = lines - lines % side;
     let whole_length = length - length % side;

@@ -243,16 +243,18 @@ const HINT_MAX_ROW_BYTES: usize = 8 << 10;
 /// kernel one by one: before each row, the row [`cache::rows_ahead`] rows
 /// later (and its output) is requested, as the kernel's own walk does for
 /// back-to-back rows. Panels that fit in cache, and rows longer than
-/// [`HINT_MAX_ROW_BYTES`], get none.
+/// [`HINT_MAX_ROW_BYTES`], get none; a streamed output gets no hint for
+/// writing, since it is not read before it is written.
 struct RowsAhead {
     input_step: isize,
     output_step: isize,
     d: usize,
     enabled: bool,
+    output_hints: bool,
 }
 
 impl RowsAhead {
-    fn new<A>(x: &ArrayView2<'_, A>, out: &ArrayView2<'_, A>) -> Self {
+    fn new<A>(x: &ArrayView2<'_, A>, out: &ArrayView2<'_, A>, stream: bool) -> Self {
         let ahead = cache::rows_ahead::<A>(x.ncols()) as isize;
         let step = |strides: &[isize]| strides.first().copied().unwrap_or(0) * ahead;
         RowsAhead {
@@ -261,6 +263,7 @@ impl RowsAhead {
             d: x.ncols(),
             enabled: cache::worth_prefetching(x.len() * size_of::<A>())
                 && x.ncols() * size_of::<A>() <= HINT_MAX_ROW_BYTES,
+            output_hints: !stream,
         }
     }
 
@@ -268,7 +271,7 @@ impl RowsAhead {
     fn hint<A>(&self, input: *const A, output: *const A) {
         if self.enabled {
             cache::for_reading(input.wrapping_offset(self.input_step), self.d);
-            if output != input {
+            if self.output_hints && output != input {
                 cache::for_writing(output.wrapping_offset(self.output_step), self.d);
             }
         }
@@ -502,7 +505,7 @@ fn copy_block<A: NormScalar>(dst: &mut ArrayViewMut2<'_, A>, src: &ArrayView2<'_
         dst.assign(src);
         return;
     }
-    if let (Some(mut tile), Some(rows)) = (LineTile::for_block(src), dst.as_slice_mut()) {
+    if let (Some(mut tile), Some(rows)) = (LineTile::for_gathering(src), dst.as_slice_mut()) {
         let hints = hints_for_strips::<A>(src.strides(), d, src.len());
         for strip in LineTile::<A>::strips(d) {
             if hints {
@@ -533,17 +536,19 @@ fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
 /// Copies `src` (row-major, `dst.len()` elements) into the rows of `dst`,
 /// writing `dst` in memory order: column by column when neighbouring rows
 /// are closer than neighbouring elements, so that each column's piece is
-/// written as whole cache lines (on Fortran-order arrays done in place this
-/// beat the tiled walk of [`copy_block`] at every d measured, 4 to 4096),
-/// row by row otherwise. Where a [`LineTile`] takes the block, a strip of
-/// the buffer's rows is transposed into it in registers and each column
-/// piece is written from it in one run; other blocks are copied column by
-/// column, element by element.
+/// written as whole cache lines, row by row otherwise.
+///
+/// Column by column, where the [`LineTile`] is transposed in registers, a
+/// strip of the buffer's rows is transposed into the tile and each column
+/// piece is written from it in one run; otherwise each column is copied
+/// element by element (on Fortran-order arrays done in place that beat the
+/// tiled walk of [`copy_block`] at every d measured, 4 to 4096, and going
+/// through a tile moved element by element was 6 - 9% slower at d = 64).
 fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
     let d = dst.ncols();
     if !by_columns(dst.strides()) {
         dst.assign(&matrix(src, d));
-    } else if let Some(mut tile) = LineTile::for_shape(dst.strides(), dst.nrows(), dst.len()) {
+    } else if let Some(mut tile) = LineTile::for_scattering(dst) {
         let hints = hints_for_strips::<A>(dst.strides(), d, dst.len());
         for strip in LineTile::<A>::strips(d) {
             if hints {
@@ -561,29 +566,29 @@ fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
     }
 }
 
-/// The largest block gathered through a [`LineTile`]: every block of rows of
-/// up to 16384 elements, of either type (32 rows of 128 KiB). Measured on
-/// 256 MiB Fortran-order `f32` inputs at one thread, five alternating runs,
-/// ns per element, when this was 512 KiB (blocks of d = 4096 and more went
-/// through `Zip` tiles and column by column) -> 4 MiB, with the
-/// [`STRIPS_AHEAD`] hints: `layer_norm_inplace` d = 4096 3.8 - 4.0 ->
-/// 2.7 - 3.0, `layer_norm_into` 2.4 - 2.6 -> 2.0 - 2.2. With the tile's
-/// element-wise moves it had been the other way in place (d = 4096 3.5 -
-/// 3.8 through `Zip` tiles, 4.0 through the tile): rows of such blocks lie
-/// 16 KiB and more apart in the buffer, and a strip writes a line into
-/// each of them in turn.
-const LINE_TILE_BLOCK_BYTES: usize = 4 << 20;
+/// The largest block gathered through a [`LineTile`] moved element by
+/// element (instruction sets without the register transposes; with them,
+/// every block goes through the tile). Element by element, larger blocks
+/// ran slower through the tile than through `Zip` tiles in place (256 MiB
+/// Fortran-order `f32`, one thread, d = 4096: 4.0 against 3.5 - 3.8 ns per
+/// element): their rows lie 16 KiB and more apart in the buffer, and a strip
+/// writes a line into each of them in turn. With the transposes in
+/// registers and the [`STRIPS_AHEAD`] hints, the tile won at d = 4096 and
+/// 16384 (four alternating runs, ns per element: `f32` `layer_norm_inplace`
+/// d = 4096 4.0 - 4.3 -> 3.0 - 3.2, d = 16384 5.7 - 6.3 -> 4.4 - 4.8,
+/// `layer_norm_into` d = 4096 2.2 - 2.4 -> 1.86 - 1.90; `f64` 15 - 25%).
+const SMALL_BLOCK_BYTES: usize = 512 << 10;
 
 /// How many strips ahead of the one being copied the column pieces are
 /// asked for, while a block goes through a [`LineTile`] (read when
 /// gathering, for writing when scattering). Measured on 256 MiB
-/// Fortran-order `f32` inputs at one thread, five alternating runs, ns per
-/// element, without hints -> one strip ahead: `layer_norm_inplace` d = 4096
-/// 3.0 - 4.7 -> 2.7 - 3.0, d = 16384 5.2 - 5.7 -> 4.3 - 4.6;
-/// `layer_norm_into` d = 4096 2.4 - 2.6 -> 2.0 - 2.2, d = 16384 2.6 - 2.7
-/// -> 2.3 - 2.5. Two strips ahead were no better than one, four worse;
-/// d = 768, whose next block [`PanelPrefetch`] already asks for, the same
-/// with or without.
+/// Fortran-order `f32` inputs at one thread, blocks through the tile in
+/// registers, ns per element, without hints -> one strip ahead:
+/// `layer_norm_inplace` d = 4096 2.98 - 4.69 -> 2.66 - 2.97 (five
+/// alternating runs; with hints for reading only 3.28 - 4.17),
+/// `layer_norm_into` d = 4096 2.04 - 2.05 -> 1.88 - 1.96 (two runs). Two
+/// strips ahead were no better than one, four worse; d = 768, whose next
+/// block [`PanelPrefetch`] already asks for, the same with or without.
 const STRIPS_AHEAD: usize = 1;
 
 /// Whether the strips of a block of `len` elements whose column pieces lie
@@ -616,7 +621,7 @@ const LINE_TILE_COLUMNS: usize = 16;
 /// Against the `Zip` tiles of [`copy_block`], the tile with element-wise
 /// moves took Fortran-order `f32` `layer_norm_into` at one thread from 1.56
 /// to 1.34 ns per element at d = 64 in cache (x of 256 KiB; the same at
-/// d = 768); see [`LINE_TILE_BLOCK_BYTES`] out of cache.
+/// d = 768); see [`SMALL_BLOCK_BYTES`] out of cache.
 struct LineTile<A> {
     /// `columns[k][r]`: element `r` of the strip's column `k`.
     columns: [[A; MAX_BLOCK_ROWS]; LINE_TILE_COLUMNS],
@@ -624,6 +629,8 @@ struct LineTile<A> {
     rows: usize,
     /// The instruction set of the transposing copies.
     isa: Isa,
+    /// Whether they move whole squares in registers.
+    in_registers: bool,
 }
 
 impl<A: NormScalar> LineTile<A> {
@@ -639,20 +646,29 @@ impl<A: NormScalar> LineTile<A> {
         }
     };
 
-    /// A tile for `block` when its column pieces are contiguous, it has at
-    /// most [`MAX_BLOCK_ROWS`] rows and at most [`LINE_TILE_BLOCK_BYTES`].
-    fn for_block(block: &ArrayView2<'_, A>) -> Option<Self> {
-        Self::for_shape(block.strides(), block.nrows(), block.len())
+    /// A tile to gather `block` through, when its column pieces are
+    /// contiguous, it has at most [`MAX_BLOCK_ROWS`] rows and, unless the
+    /// tile is transposed in registers, at most [`SMALL_BLOCK_BYTES`].
+    fn for_gathering(block: &ArrayView2<'_, A>) -> Option<Self> {
+        let tile = Self::for_rows(block.strides(), block.nrows())?;
+        (tile.in_registers || block.len() * size_of::<A>() <= SMALL_BLOCK_BYTES).then_some(tile)
     }
 
-    /// [`LineTile::for_block`] of a block of these strides and sizes.
-    fn for_shape(strides: &[isize], rows: usize, len: usize) -> Option<Self> {
+    /// A tile to scatter into `block` through, when it is transposed in
+    /// registers and the block's column pieces are contiguous, at most
+    /// [`MAX_BLOCK_ROWS`] long.
+    fn for_scattering(block: &ArrayViewMut2<'_, A>) -> Option<Self> {
+        Self::for_rows(block.strides(), block.nrows()).filter(|tile| tile.in_registers)
+    }
+
+    fn for_rows(strides: &[isize], rows: usize) -> Option<Self> {
         let contiguous_columns = strides.first() == Some(&1);
-        let small = len * size_of::<A>() <= LINE_TILE_BLOCK_BYTES;
-        (contiguous_columns && small && (1..=MAX_BLOCK_ROWS).contains(&rows)).then(|| LineTile {
+        let isa = Isa::detect();
+        (contiguous_columns && (1..=MAX_BLOCK_ROWS).contains(&rows)).then(|| LineTile {
             columns: [[A::zero(); MAX_BLOCK_ROWS]; LINE_TILE_COLUMNS],
             rows,
-            isa: Isa::detect(),
+            isa,
+            in_registers: isa.transposes_in_registers(),
         })
     }
 
@@ -818,7 +834,7 @@ where
         let gather_in = gathered(&x.view());
         let scatter_out = !rows_contiguous(out.shape(), out.strides());
         let prefetch = PanelPrefetch::new(&x, block);
-        let ahead = RowsAhead::new(&x.view(), &out.view());
+        let ahead = RowsAhead::new(&x.view(), &out.view(), stream);
         for (index, (x, mut out)) in x
             .axis_chunks_iter(Axis(0), block)
             .zip(out.axis_chunks_iter_mut(Axis(0), block))
@@ -963,7 +979,7 @@ where
         }
         let gathered = gathered(&x.view());
         let prefetch = PanelPrefetch::new(&x.view(), block);
-        let ahead = RowsAhead::new(&x.view(), &x.view());
+        let ahead = RowsAhead::new(&x.view(), &x.view(), false);
         for (index, mut x) in x.axis_chunks_iter_mut(Axis(0), block).enumerate() {
             let next = prefetch.during(index, x.nrows());
             let buf = buffer(scratch, x.len());
