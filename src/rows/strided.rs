@@ -690,9 +690,8 @@ impl<A: NormScalar> LineTile<A> {
         let rows = self.rows;
         for (column, held) in strip.zip(&mut self.columns) {
             let piece = src.column(column);
-            let held = &mut held[..rows];
             match piece.to_slice() {
-                Some(piece) => held.copy_from_slice(piece),
+                Some(piece) => copy_piece(&mut held[..rows], piece),
                 None => held.iter_mut().zip(piece).for_each(|(h, &v)| *h = v),
             }
         }
@@ -733,12 +732,25 @@ impl<A: NormScalar> LineTile<A> {
         let rows = self.rows;
         for (column, held) in strip.zip(&self.columns) {
             let mut piece = dst.column_mut(column);
-            let held = &held[..rows];
             match piece.as_slice_mut() {
-                Some(piece) => piece.copy_from_slice(held),
+                Some(piece) => copy_piece(piece, &held[..rows]),
                 None => piece.iter_mut().zip(held).for_each(|(p, &h)| *p = h),
             }
         }
+    }
+}
+
+/// `dst.copy_from_slice(src)`, with the length known at compile time when it
+/// is a full block's column piece, so that the copy is inlined rather than a
+/// call.
+#[inline(always)]
+fn copy_piece<A: Copy>(dst: &mut [A], src: &[A]) {
+    match (
+        <&mut [A; MAX_BLOCK_ROWS]>::try_from(&mut *dst),
+        <&[A; MAX_BLOCK_ROWS]>::try_from(src),
+    ) {
+        (Ok(dst), Ok(src)) => *dst = *src,
+        _ => dst.copy_from_slice(src),
     }
 }
 
