@@ -94,12 +94,7 @@ const STREAM_MIN_ROW_BYTES: usize = 2048;
 /// elements, is written past the caches (see [`STREAM_MIN_BYTES`] and
 /// [`STREAM_MIN_ROW_BYTES`]).
 pub(crate) fn worth_streaming<A>(output: &[A], d: usize) -> bool {
-    worth_streaming_bytes::<A>(size_of_val(output), d)
-}
-
-/// [`worth_streaming`] of an output of `bytes` bytes.
-fn worth_streaming_bytes<A>(bytes: usize, d: usize) -> bool {
-    bytes >= STREAM_MIN_BYTES && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES
+    size_of_val(output) >= STREAM_MIN_BYTES && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES
 }
 
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
@@ -135,17 +130,15 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
 ) {
     let isa = Isa::detect();
     let on_rows = |io: Io<'_, A>, count: usize| kernel(isa, io, count);
+    // Only a contiguous output is streamed, whatever the layout of `x`.
+    let streamed = may_stream
+        && out
+            .as_slice()
+            .is_some_and(|output| worth_streaming(output, d));
     if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
         // A block of consecutive rows goes to the kernel in one call.
-        let streamed = may_stream && worth_streaming(output, d);
         let rows = |input: &[A], output: &mut [A]| {
-            let count = input.len() / d;
-            let io = if streamed {
-                Io::Stream { input, output }
-            } else {
-                Io::Copy { input, output }
-            };
-            kernel(isa, io, count);
+            kernel(isa, Io::separate(input, output, streamed), input.len() / d);
         };
         #[cfg(feature = "rayon")]
         if parallel(input.len()) {
@@ -159,14 +152,10 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
         rows(input, output);
         return;
     }
-    // Streamed only when the whole output is contiguous.
-    let stream = may_stream
-        && out.is_standard_layout()
-        && worth_streaming_bytes::<A>(out.len() * size_of::<A>(), d);
     strided::map(
         x.view().into_dyn(),
         out.view_mut().into_dyn(),
-        stream,
+        streamed,
         &on_rows,
     );
 }

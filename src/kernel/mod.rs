@@ -40,6 +40,16 @@ pub(crate) enum Io<'a, A> {
 }
 
 impl<'a, A> Io<'a, A> {
+    /// Read `input`, write `output`: [`Io::Stream`] with `streamed`,
+    /// [`Io::Copy`] otherwise.
+    pub(crate) fn separate(input: &'a [A], output: &'a mut [A], streamed: bool) -> Self {
+        if streamed {
+            Io::Stream { input, output }
+        } else {
+            Io::Copy { input, output }
+        }
+    }
+
     fn input(&self) -> &[A] {
         match self {
             Io::Copy { input, .. } | Io::Stream { input, .. } => input,
@@ -69,13 +79,10 @@ impl<'a, A> Io<'a, A> {
             ),
             Io::InPlace(rows) => (None, Some(rows.chunks_exact_mut(d)), false),
         };
-        let copies = copies.into_iter().flatten().map(move |(input, output)| {
-            if streamed {
-                Io::Stream { input, output }
-            } else {
-                Io::Copy { input, output }
-            }
-        });
+        let copies = copies
+            .into_iter()
+            .flatten()
+            .map(move |(input, output)| Io::separate(input, output, streamed));
         copies.chain(in_place.into_iter().flatten().map(Io::InPlace))
     }
 }

@@ -177,7 +177,7 @@ fn in_groups<A>(rows: &mut [A], d: usize, next: &NextBlock<A>, kernel: &impl Fn(
 }
 
 /// [`in_groups`] from the rows of `input` into those of `output`, streamed
-/// with `stream` ([`output_rows`]).
+/// with `stream` ([`Io::separate`]).
 fn copies_in_groups<A>(
     input: &[A],
     output: &mut [A],
@@ -193,17 +193,7 @@ fn copies_in_groups<A>(
     for (group, (input, output)) in groups.enumerate() {
         let count = input.len() / d;
         next.ahead(group * group_rows..group * group_rows + count);
-        kernel(output_rows(stream, input, output), count);
-    }
-}
-
-/// The [`Io`] of rows read from `input` and written where they lie in the
-/// output: streamed past the caches with `stream`.
-fn output_rows<'a, A>(stream: bool, input: &'a [A], output: &'a mut [A]) -> Io<'a, A> {
-    if stream {
-        Io::Stream { input, output }
-    } else {
-        Io::Copy { input, output }
+        kernel(Io::separate(input, output, stream), count);
     }
 }
 
@@ -509,9 +499,10 @@ fn copy_block<A: NormScalar>(dst: &mut ArrayViewMut2<'_, A>, src: &ArrayView2<'_
         let hints = hints_for_strips::<A>(src.strides(), d, src.len());
         for strip in LineTile::<A>::strips(d) {
             if hints {
-                for column in LineTile::<A>::columns_ahead(&strip, d) {
-                    cache::for_reading(src.column(column).as_ptr(), src.nrows());
-                }
+                let piece = |column| src.column(column).as_ptr();
+                LineTile::ask_ahead(&strip, d, piece, |piece| {
+                    cache::for_reading(piece, src.nrows())
+                });
             }
             tile.load_columns(src, strip.clone());
             tile.store_rows(rows, d, strip);
@@ -552,9 +543,10 @@ fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
         let hints = hints_for_strips::<A>(dst.strides(), d, dst.len());
         for strip in LineTile::<A>::strips(d) {
             if hints {
-                for column in LineTile::<A>::columns_ahead(&strip, d) {
-                    cache::for_writing(dst.column(column).as_ptr(), dst.nrows());
-                }
+                let piece = |column| dst.column(column).as_ptr();
+                LineTile::ask_ahead(&strip, d, piece, |piece| {
+                    cache::for_writing(piece, dst.nrows())
+                });
             }
             tile.load_rows(src, d, strip.clone());
             tile.store_columns(dst, strip);
@@ -629,8 +621,6 @@ struct LineTile<A> {
     rows: usize,
     /// The instruction set of the transposing copies.
     isa: Isa,
-    /// Whether they move whole squares in registers.
-    in_registers: bool,
 }
 
 impl<A: NormScalar> LineTile<A> {
@@ -651,24 +641,24 @@ impl<A: NormScalar> LineTile<A> {
     /// tile is transposed in registers, at most [`SMALL_BLOCK_BYTES`].
     fn for_gathering(block: &ArrayView2<'_, A>) -> Option<Self> {
         let tile = Self::for_rows(block.strides(), block.nrows())?;
-        (tile.in_registers || block.len() * size_of::<A>() <= SMALL_BLOCK_BYTES).then_some(tile)
+        (tile.isa.transposes_in_registers() || block.len() * size_of::<A>() <= SMALL_BLOCK_BYTES)
+            .then_some(tile)
     }
 
     /// A tile to scatter into `block` through, when it is transposed in
     /// registers and the block's column pieces are contiguous, at most
     /// [`MAX_BLOCK_ROWS`] long.
     fn for_scattering(block: &ArrayViewMut2<'_, A>) -> Option<Self> {
-        Self::for_rows(block.strides(), block.nrows()).filter(|tile| tile.in_registers)
+        Self::for_rows(block.strides(), block.nrows())
+            .filter(|tile| tile.isa.transposes_in_registers())
     }
 
     fn for_rows(strides: &[isize], rows: usize) -> Option<Self> {
         let contiguous_columns = strides.first() == Some(&1);
-        let isa = Isa::detect();
         (contiguous_columns && (1..=MAX_BLOCK_ROWS).contains(&rows)).then(|| LineTile {
             columns: [[A::zero(); MAX_BLOCK_ROWS]; LINE_TILE_COLUMNS],
             rows,
-            isa,
-            in_registers: isa.transposes_in_registers(),
+            isa: Isa::detect(),
         })
     }
 
@@ -679,10 +669,18 @@ impl<A: NormScalar> LineTile<A> {
             .map(move |start| start..(start + Self::WIDTH).min(d))
     }
 
-    /// The columns of the strip [`STRIPS_AHEAD`] strips after `strip`.
-    fn columns_ahead(strip: &Range<usize>, d: usize) -> Range<usize> {
+    /// Gives `hint` the start of each column piece (`piece(column)`) of the
+    /// strip [`STRIPS_AHEAD`] strips after `strip`, in rows of `d` elements.
+    fn ask_ahead(
+        strip: &Range<usize>,
+        d: usize,
+        piece: impl Fn(usize) -> *const A,
+        hint: impl Fn(*const A),
+    ) {
         let skip = STRIPS_AHEAD * Self::WIDTH;
-        (strip.start + skip).min(d)..(strip.end + skip).min(d)
+        for column in (strip.start + skip).min(d)..(strip.end + skip).min(d) {
+            hint(piece(column));
+        }
     }
 
     /// Copies the column pieces of `strip` into the tile.
@@ -840,7 +838,7 @@ where
         let d = x.ncols();
         let stream = self.stream;
         if let (Some(input), Some(output)) = (x.as_slice(), out.as_slice_mut()) {
-            kernel(output_rows(stream, input, output), x.nrows());
+            kernel(Io::separate(input, output, stream), x.nrows());
             return;
         }
         let gather_in = gathered(&x.view());
@@ -860,7 +858,7 @@ where
                         ahead.hint(input.as_ptr(), output.as_ptr());
                         match (input.to_slice(), output.as_slice_mut()) {
                             (Some(input), Some(output)) => {
-                                kernel(output_rows(stream, input, output), 1)
+                                kernel(Io::separate(input, output, stream), 1)
                             }
                             _ => {
                                 // Not reached: both rows were found contiguous.
@@ -906,7 +904,7 @@ where
                     for (row, (input, mut output)) in rows.enumerate() {
                         next.ahead(row..row + 1);
                         match output.as_slice_mut() {
-                            Some(output) => kernel(output_rows(stream, input, output), 1),
+                            Some(output) => kernel(Io::separate(input, output, stream), 1),
                             None => {
                                 // Not reached: the output rows were found contiguous.
                                 let mut row = input.to_vec();
