@@ -15,8 +15,9 @@
 //!   on the same threads. With several threads the copy is split into
 //!   chunks with rayon, and the faster of that and a one-thread copy is
 //!   kept. The allocating forms (`layer_norm`, `rms_norm`) are compared with
-//!   "allocate + copy": a fresh `Array::zeros` filled by the copy, timed
-//!   together, since a fresh output costs a page fault per page either way.
+//!   "allocate + copy", a fresh array filled by the copy, timed together
+//!   (the fastest of a zeroed array and an uninitialised one, as `to_vec`
+//!   gives), since a fresh output costs a page fault per page either way.
 //! - `read (sum of x, baseline)` is no operation of the crate: it sums the
 //!   256 MiB input, a plain read of every element, and shows how close to
 //!   the copy an operation that only reads (`stats`) can come.
@@ -150,28 +151,34 @@ fn read_time<A: Elem>(src: &[A], reps: usize) -> f64 {
 }
 
 /// Seconds per "allocate + copy" of `src` into a fresh array (the drop is
-/// not timed).
+/// not timed): the fastest of a zeroed array filled by the copy and of an
+/// uninitialised one written by it (`to_vec`, and rayon's `collect`, which
+/// writes its parts in place, on several threads).
 fn alloc_copy_time<A: Elem>(src: &[A], reps: usize, batch: usize) -> f64 {
-    let run = |parallel: bool| {
+    let run = |allocate_and_copy: &dyn Fn() -> Array1<A>| {
         best(reps, || {
             let mut total = Duration::ZERO;
             for _ in 0..batch {
                 let mut out = None;
-                total += time(|| {
-                    let mut fresh = Array1::<A>::zeros(src.len());
-                    if let Some(dst) = fresh.as_slice_mut() {
-                        copy(dst, src, parallel);
-                    }
-                    out = Some(fresh);
-                });
+                total += time(|| out = Some(allocate_and_copy()));
                 drop(out);
             }
             total
         })
     };
-    let mut t = run(false);
+    let zeroed = |parallel: bool| {
+        let mut fresh = Array1::<A>::zeros(src.len());
+        if let Some(dst) = fresh.as_slice_mut() {
+            copy(dst, src, parallel);
+        }
+        fresh
+    };
+    let mut t = run(&|| zeroed(false)).min(run(&|| Array1::from(src.to_vec())));
     if rayon::current_num_threads() > 1 {
-        t = t.min(run(true));
+        t = t.min(run(&|| zeroed(true)));
+        t = t.min(run(&|| {
+            Array1::from(src.par_iter().copied().collect::<Vec<A>>())
+        }));
     }
     t / batch as f64
 }

@@ -12,7 +12,7 @@ use crate::kernel::backward::{
 };
 use crate::kernel::{self, cache, Affine, Isa};
 use crate::scalar::NormScalar;
-use crate::{check, rows, sealed};
+use crate::{check, fresh, rows, sealed};
 
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
@@ -927,17 +927,17 @@ pub(crate) fn layer_norm_grads<A: NormScalar, D: Dimension>(
     saved: Option<&[RowCentring]>,
     eps: f64,
 ) -> LayerNormGrads<A, D> {
-    let mut dx = Array::zeros(x.raw_dim());
-    let (dgamma, dbeta) = layer_norm_grads_into(x, dy, Dx::Fresh(&mut dx), d, gain, saved, eps);
+    let (dx, (dgamma, dbeta)) = fresh::array_and(x.raw_dim(), |dx| {
+        layer_norm_grads_into(x, dy, Dx::Fresh(dx), d, gain, saved, eps)
+    });
     LayerNormGrads { dx, dgamma, dbeta }
 }
 
 /// The array that backward writes `dx` into (validated, of the input's
 /// shape).
 pub(crate) enum Dx<'a, A, D> {
-    /// Just allocated: its pages come fresh from the system, zeroed and in
-    /// cache, where plain stores are the fastest (as for the forward pass's
-    /// allocating forms).
+    /// Just allocated ([`fresh`]): written with plain stores, as the
+    /// forward pass's allocating forms write theirs.
     Fresh(&'a mut ArrayRef<A, D>),
     /// The caller's own: written past the caches when it is large
     /// ([`rows::worth_streaming`], [`Inputs::stream`]).
@@ -974,8 +974,9 @@ pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
     saved: Option<&[RowScaling]>,
     eps: f64,
 ) -> RmsNormGrads<A, D> {
-    let mut dx = Array::zeros(x.raw_dim());
-    let dgamma = rms_norm_grads_into(x, dy, Dx::Fresh(&mut dx), d, gain, saved, eps);
+    let (dx, dgamma) = fresh::array_and(x.raw_dim(), |dx| {
+        rms_norm_grads_into(x, dy, Dx::Fresh(dx), d, gain, saved, eps)
+    });
     RmsNormGrads { dx, dgamma }
 }
 
@@ -1018,28 +1019,27 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy + Send>(
     block: impl Fn(Isa, &[A], &mut [A], &mut [T]) + Sync,
 ) -> (Array<A, D>, Array<T, D::Smaller>) {
     let isa = Isa::detect();
-    let mut y = Array::zeros(x.raw_dim());
     let leading = x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)));
     let mut stats = Array::from_elem(leading, placeholder);
-    // Each block writes only its own rows and statistics: any thread may
-    // compute it.
-    #[cfg(feature = "rayon")]
-    if parallel(x.len()) {
-        if let (Some(x), Some(ys), Some(slots)) =
-            (x.as_slice(), y.as_slice_mut(), stats.as_slice_mut())
-        {
-            let block_len = BLOCK_ROWS * d.max(1);
-            x.par_chunks(block_len)
-                .zip(ys.par_chunks_mut(block_len))
-                .zip(slots.par_chunks_mut(BLOCK_ROWS))
-                .with_min_len(blocks_per_task(d))
-                .for_each(|((x, y), slots)| block(isa, x, y, slots));
-            return (y, stats);
+    let y = fresh::array(x.raw_dim(), |y| {
+        // Each block writes only its own rows and statistics: any thread may
+        // compute it.
+        #[cfg(feature = "rayon")]
+        if parallel(x.len()) {
+            if let (Some(x), Some(ys), Some(slots)) =
+                (x.as_slice(), y.as_slice_mut(), stats.as_slice_mut())
+            {
+                let block_len = BLOCK_ROWS * d.max(1);
+                x.par_chunks(block_len)
+                    .zip(ys.par_chunks_mut(block_len))
+                    .zip(slots.par_chunks_mut(BLOCK_ROWS))
+                    .with_min_len(blocks_per_task(d))
+                    .for_each(|((x, y), slots)| block(isa, x, y, slots));
+                return;
+            }
         }
-    }
-    {
         let mut xs = RowBlocks::new(x, d);
-        let mut ys = RowBlocksMut::new(&mut y, d);
+        let mut ys = RowBlocksMut::new(y, d);
         let mut slots = stats.iter_mut();
         let mut block_stats = [placeholder; BLOCK_ROWS];
         loop {
@@ -1056,7 +1056,7 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy + Send>(
                 *slot = row;
             }
         }
-    }
+    });
     (y, stats)
 }
 

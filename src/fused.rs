@@ -9,7 +9,7 @@ use crate::error::{NormError, Operand};
 use crate::kernel::backward::BLOCK_ROWS;
 use crate::kernel::{self, Affine, CallParams, Io, Isa};
 use crate::scalar::NormScalar;
-use crate::{check, sealed};
+use crate::{check, fresh, sealed};
 
 /// The residual add of a pre-norm transformer block fused with the
 /// normalisation that follows it: `h = x + residual`, `y = norm(h)`.
@@ -256,35 +256,35 @@ fn add_norm<A: NormScalar, D: Dimension>(
     norm: impl Fn(Isa, Io<'_, A>),
 ) -> (Array<A, D>, Array<A, D>) {
     let isa = Isa::detect();
-    let mut y = Array::zeros(x.raw_dim());
-    let mut h = Array::zeros(x.raw_dim());
-    {
-        let mut xs = RowBlocks::new(x, d);
-        let mut rs = RowBlocks::new(residual, d);
-        let mut ys = RowBlocksMut::new(&mut y, d);
-        let mut hs = RowBlocksMut::new(&mut h, d);
-        loop {
-            let x_block = xs.next_block(BLOCK_ROWS);
-            if x_block.is_empty() {
-                break;
+    let (y, h) = fresh::array_and(x.raw_dim(), |y| {
+        fresh::array(x.raw_dim(), |h| {
+            let mut xs = RowBlocks::new(x, d);
+            let mut rs = RowBlocks::new(residual, d);
+            let mut ys = RowBlocksMut::new(y, d);
+            let mut hs = RowBlocksMut::new(h, d);
+            loop {
+                let x_block = xs.next_block(BLOCK_ROWS);
+                if x_block.is_empty() {
+                    break;
+                }
+                let r_block = rs.next_block(BLOCK_ROWS);
+                let h_block = hs.next_block(BLOCK_ROWS);
+                let y_block = ys.next_block(BLOCK_ROWS);
+                let inputs = x_block.chunks_exact(d).zip(r_block.chunks_exact(d));
+                let outputs = h_block.chunks_exact_mut(d).zip(y_block.chunks_exact_mut(d));
+                for ((x, r), (h, y)) in inputs.zip(outputs) {
+                    add_row(x, r, h);
+                    norm(
+                        isa,
+                        Io::Copy {
+                            input: h,
+                            output: y,
+                        },
+                    );
+                }
             }
-            let r_block = rs.next_block(BLOCK_ROWS);
-            let h_block = hs.next_block(BLOCK_ROWS);
-            let y_block = ys.next_block(BLOCK_ROWS);
-            let inputs = x_block.chunks_exact(d).zip(r_block.chunks_exact(d));
-            let outputs = h_block.chunks_exact_mut(d).zip(y_block.chunks_exact_mut(d));
-            for ((x, r), (h, y)) in inputs.zip(outputs) {
-                add_row(x, r, h);
-                norm(
-                    isa,
-                    Io::Copy {
-                        input: h,
-                        output: y,
-                    },
-                );
-            }
-        }
-    }
+        })
+    });
     (y, h)
 }
 
@@ -297,11 +297,10 @@ fn add_norm_inplace<A: NormScalar, D: Dimension>(
     norm: impl Fn(Isa, Io<'_, A>),
 ) -> Array<A, D> {
     let isa = Isa::detect();
-    let mut y = Array::zeros(x.raw_dim());
-    {
+    fresh::array(x.raw_dim(), |y| {
         let mut xs = RowBlocks::new(x, d);
         let mut rs = RowBlocksMut::new(residual, d);
-        let mut ys = RowBlocksMut::new(&mut y, d);
+        let mut ys = RowBlocksMut::new(y, d);
         loop {
             let x_block = xs.next_block(BLOCK_ROWS);
             if x_block.is_empty() {
@@ -323,6 +322,5 @@ fn add_norm_inplace<A: NormScalar, D: Dimension>(
                 );
             }
         }
-    }
-    y
+    })
 }

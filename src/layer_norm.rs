@@ -7,7 +7,7 @@ use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 use crate::error::{NormError, Operand};
 use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
-use crate::{check, rows, sealed};
+use crate::{check, fresh, rows, sealed};
 
 /// Layer normalisation of every vector along the last axis of an array.
 ///
@@ -204,23 +204,23 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         eps: A,
     ) -> Result<Array<A, D>, NormError> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
-        let mut out = Array::zeros(self.raw_dim());
         let (params, eps) = (args.params(self.len()), args.eps);
-        rows::map_rows(self, &mut out, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
-        });
-        Ok(out)
+        Ok(fresh::array(self.raw_dim(), |out| {
+            rows::map_rows(self, out, args.d, |isa, io, rows| {
+                kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
+            })
+        }))
     }
 
     fn layer_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
-        let mut out = Array::zeros(self.raw_dim());
         let plain = CallParams::new(Affine::Identity, d, self.len());
-        rows::map_rows(self, &mut out, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
-        });
-        Ok(out)
+        Ok(fresh::array(self.raw_dim(), |out| {
+            rows::map_rows(self, out, d, |isa, io, rows| {
+                kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
+            })
+        }))
     }
 
     fn layer_norm_into(

@@ -82,6 +82,7 @@ mod backward;
 mod blocks;
 mod check;
 mod error;
+mod fresh;
 mod fused;
 mod kernel;
 mod layer_norm;

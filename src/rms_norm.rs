@@ -7,7 +7,7 @@ use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 use crate::error::{NormError, Operand};
 use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
-use crate::{check, rows, sealed};
+use crate::{check, fresh, rows, sealed};
 
 /// Root-mean-square normalisation of every vector along the last axis of an
 /// array (the normalisation of Llama-style models).
@@ -181,23 +181,23 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
 impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
-        let mut out = Array::zeros(self.raw_dim());
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
-        rows::map_rows(self, &mut out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
-        });
-        Ok(out)
+        Ok(fresh::array(self.raw_dim(), |out| {
+            rows::map_rows(self, out, d, |isa, io, rows| {
+                kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            })
+        }))
     }
 
     fn rms_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
-        let mut out = Array::zeros(self.raw_dim());
         let plain = CallParams::new(Affine::Identity, d, self.len());
-        rows::map_rows(self, &mut out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
-        });
-        Ok(out)
+        Ok(fresh::array(self.raw_dim(), |out| {
+            rows::map_rows(self, out, d, |isa, io, rows| {
+                kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
+            })
+        }))
     }
 
     fn rms_norm_into(

@@ -104,9 +104,9 @@ pub(crate) fn worth_streaming<A>(output: &[A], d: usize) -> bool {
 }
 
 /// Runs `kernel` on every row of `x`, writing the same row of `out` (same
-/// shape, rows of length `d`), an output just allocated: its pages are
-/// fresh from the system, zeroed and in cache, where plain stores are the
-/// fastest.
+/// shape, rows of length `d`), an output just allocated ([`crate::fresh`]):
+/// written with plain stores, never past the caches. Each row of `out` is
+/// written whole before anything reads it.
 pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     out: &mut ArrayRef<A, D>,
