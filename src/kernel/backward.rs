@@ -539,7 +539,8 @@ type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
 /// With an `ahead` ([`ahead_in_pass_a`]), asks for the `x` and `dy` lines
 /// that far ahead of each vector, as pass B does.
 /// The order is that of `fold_row`: a flush after every [`BLOCK`] vectors,
-/// the last partial chunk padded with zeros and only its real lanes kept.
+/// the last partial chunk padded with zeros and only its real lanes kept,
+/// in the last block when that is not full.
 /// `gain` is padded to whole vectors.
 ///
 /// Pass B reads the row again (from cache) rather than terms kept from
@@ -565,6 +566,18 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     fn flush<V: Vector>(((g_sum, ge_sum), squares): RowSums<V>) -> RowSums<V> {
         ((g_sum.flush(), ge_sum.flush()), squares.flush())
     }
+    /// The last, partial chunk's `(e, dy, gain)`.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn tail_values<A: NormScalar, V: Vector, E: Deviate<V>>(
+        (x, dy, gain): (&[A], &[A], &[f64; LANES]),
+        deviate: E,
+    ) -> (V, V, V) {
+        (
+            deviate.deviation(A::load_partial(x)),
+            A::load_partial(dy),
+            V::load_f64(gain),
+        )
+    }
 
     let (x_chunks, x_tail) = x.as_chunks::<LANES>();
     let (dy_chunks, dy_tail) = dy.as_chunks::<LANES>();
@@ -575,6 +588,10 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     let mut sums = ((zero, zero), zero);
     // Slices of one length, zipped by value: the loop is a plain index
     // loop with its state in registers.
+    let tail = match gain_chunks.get(x_chunks.len()) {
+        Some(gain) if !x_tail.is_empty() => Some((x_tail, dy_tail, gain)),
+        _ => None,
+    };
     let blocks = x_chunks.chunks(BLOCK).zip(dy_chunks.chunks(BLOCK));
     for ((x, dy), gain) in blocks.zip(gain_chunks.chunks(BLOCK)) {
         for ((x, dy), gain) in x.iter().zip(dy).zip(gain) {
@@ -586,18 +603,15 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
             );
             sums = step::<V, G_SUM, SQUARES>(sums, values);
         }
+        if let (true, Some(tail)) = (x.len() < BLOCK, tail) {
+            let update = step::<V, G_SUM, SQUARES>(sums, tail_values(tail, deviate));
+            return flush(update.blend(sums, x_tail.len()));
+        }
         sums = flush(sums);
     }
-    if !x_tail.is_empty() {
-        if let Some(gain) = gain_chunks.get(x_chunks.len()) {
-            let values = (
-                deviate.deviation(A::load_partial(x_tail)),
-                A::load_partial(dy_tail),
-                V::load_f64(gain),
-            );
-            let update = flush(step::<V, G_SUM, SQUARES>(sums, values));
-            sums = update.blend(sums, x_tail.len());
-        }
+    if let Some(tail) = tail {
+        let update = flush(step::<V, G_SUM, SQUARES>(sums, tail_values(tail, deviate)));
+        sums = update.blend(sums, x_tail.len());
     }
     sums
 }
@@ -1285,6 +1299,49 @@ mod tests {
         assert_eq!(g_sum.plain_total(), g_exact);
         assert_eq!(ge_sum.plain_total(), ge_exact);
         assert_eq!(squares.plain_total(), squares_exact);
+    }
+
+    /// Pass A sums `Σ eᵢ²` in the order of the forward kernel's
+    /// [`centred_square_sum`], so its statistics have the same bits: on
+    /// rows whose sums round differently in another order, with the
+    /// partial chunk a block of its own, in a block that is not full, or
+    /// absent.
+    #[test]
+    fn pass_a_squares_are_summed_in_the_forward_order() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let lengths = [
+            3 * LANES + 5,
+            LANES * BLOCK + 3 * LANES + 5,
+            2 * LANES * BLOCK + 5,
+            2 * LANES * BLOCK,
+        ];
+        // Many rows of each length: another order moves the last bit of
+        // only some of them.
+        for d in lengths.into_iter().flat_map(|d| [d; 50]) {
+            let x: Vec<f64> = (0..d)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 11) as f64 / (1u64 << 53) as f64 * 3.0 - 1.0
+                })
+                .collect();
+            let dy = vec![1.0; d];
+            let gain = Gain::Gamma(&vec![1.0; d]).widened();
+            let base = 0.25;
+            let deviate = FromBase {
+                scale: None,
+                base: Portable::splat(base),
+            };
+            let row = (&x[..], &dy[..], &gain[..]);
+            let (_, squares) = pass_a::<f64, Portable, _, true, true>(row, deviate, None);
+            let forward = centred_square_sum::<f64, Portable>(&x, base, 0.0);
+            assert_eq!(
+                squares.plain_total().to_bits(),
+                forward.to_bits(),
+                "d = {d}"
+            );
+        }
     }
 
     /// Backward that computes the statistics on the way gives the bits of

@@ -141,7 +141,10 @@ pub(super) const BLOCK: usize = 8;
 
 /// Folds over the row one vector at a time: element `i` goes to lane
 /// `i % LANES`. The last, partial chunk is padded with zeros, and only its
-/// real lanes keep the update.
+/// real lanes keep the update. It belongs to the last block of whole
+/// chunks when that block is not full (so no block holds more than
+/// [`BLOCK`] vectors), and is a block of its own otherwise: a row of 100
+/// elements is one block, one flush.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
     x: &[A],
@@ -154,6 +157,11 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
     for block in chunks.chunks(BLOCK) {
         for chunk in block {
             state = fold.step(state, load.load(chunk));
+        }
+        if block.len() < BLOCK && !tail.is_empty() {
+            // The last block, not full: the partial chunk joins it.
+            let update = fold.step(state, load.load_partial(tail));
+            return fold.flush(update.blend(state, tail.len()));
         }
         state = fold.flush(state);
     }
@@ -262,6 +270,8 @@ impl<V: Vector> Blend for CompensatedSum<V> {
 pub(super) struct BlockedSum<V> {
     block: V,
     total: CompensatedSum<V>,
+    /// Whether a block has been added to `total` yet.
+    started: bool,
 }
 
 impl<V: Vector> BlockedSum<V> {
@@ -270,6 +280,7 @@ impl<V: Vector> BlockedSum<V> {
         BlockedSum {
             block: V::splat(0.0),
             total: CompensatedSum::new(),
+            started: false,
         }
     }
 
@@ -277,15 +288,28 @@ impl<V: Vector> BlockedSum<V> {
     pub(super) fn add(self, value: V) -> Self {
         BlockedSum {
             block: self.block + value,
-            total: self.total,
+            ..self
         }
     }
 
+    /// Adds the block to the total. The first block only starts it:
+    /// TwoSum of `0` and a finite `b` is `(0 + b, 0)` exactly, so skipping
+    /// it changes no finite total (an infinite block gives an infinite
+    /// total rather than a NaN one, both not finite).
     #[cfg_attr(not(debug_assertions), inline(always))]
     pub(super) fn flush(self) -> Self {
+        let total = if self.started {
+            self.total.add(self.block)
+        } else {
+            CompensatedSum {
+                high: V::splat(0.0) + self.block,
+                low: V::splat(0.0),
+            }
+        };
         BlockedSum {
             block: V::splat(0.0),
-            total: self.total.add(self.block),
+            total,
+            started: true,
         }
     }
 }
@@ -307,6 +331,7 @@ impl<V: Vector> Blend for BlockedSum<V> {
         BlockedSum {
             block: self.block.blend(old.block, active),
             total: self.total.blend(old.total, active),
+            started: self.started,
         }
     }
 }
