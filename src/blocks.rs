@@ -62,7 +62,10 @@ impl<'a, A: Copy + 'a> RowBlocks<'a, A> {
 
 /// Reads and writes an array `rows` rows at a time. A block handed out holds
 /// the array's current values; what the caller leaves in it is the array's
-/// new content once the next block is taken or the walker is dropped.
+/// new content once the next block is taken or the walker is dropped. Over
+/// an array in standard layout, a block is the array's own memory and
+/// nothing is copied, so a new output ([`crate::fresh`]) may be walked as
+/// long as each block is written before it is read.
 pub(crate) struct RowBlocksMut<'a, A: Copy> {
     d: usize,
     target: Target<'a, A>,

@@ -44,12 +44,15 @@ pub(crate) fn array_and<A: NormScalar, D: Dimension, R>(
     }
     // SAFETY: `out` is an owned array in standard layout, so its raw view
     // covers exactly its own storage, aligned for `A` (`MaybeUninit<A>` has
-    // the layout of `A`). The view is used only by `fill`, which writes
-    // every element before reading it (the contract above; the row walks
-    // write each output row whole before anything reads it), and it ends
-    // with `fill`, before `out` is used again.
+    // the layout of `A`), and nothing else refers to it while the view
+    // lives (it ends with `fill`). Its elements are not initialised yet:
+    // this relies on a reference to uninitialised memory being sound as
+    // long as nothing reads through it before writing, which is how the
+    // language's memory model (and Miri) treat it today, though the rule
+    // is not settled. `fill` only writes before it reads (the contract
+    // above; the row walks write each output row whole before anything
+    // reads it).
     let result = fill(&mut unsafe { out.raw_view_mut().cast::<A>().deref_into_view_mut() });
-    // SAFETY: `fill` has written every element (the contract above), and
-    // `f32` and `f64` have no invalid bit patterns.
+    // SAFETY: `fill` has written every element (the contract above).
     (unsafe { out.assume_init() }, result)
 }

@@ -162,6 +162,45 @@ fn nan_poisons_its_row_of_dx_and_dgamma() {
     assert!(rms.dx.row(1).iter().all(|v| v.is_finite()));
 }
 
+/// An infinity in `dy` makes its row of `dx` NaN, as a NaN does, whatever
+/// the row length: in the first block of a row, in its only block, or with
+/// a partial chunk after it.
+#[test]
+fn infinite_dy_poisons_its_row_of_dx() {
+    for d in [5, 20, 100, 128, 129, 300] {
+        for position in [0, d / 2, d - 1] {
+            let x = Array2::from_shape_vec((2, d), noise(d as u64, 2 * d)).unwrap();
+            let mut dy = Array2::from_shape_vec((2, d), noise(7 + d as u64, 2 * d)).unwrap();
+            dy[[0, position]] = f64::INFINITY;
+            let gamma = Array1::from_elem(d, 1.5);
+            let ln = x.layer_norm_backward(&dy, &gamma, 1e-5).unwrap();
+            let rms = x.rms_norm_backward(&dy, &gamma, 1e-5).unwrap();
+            for dx in [&ln.dx, &rms.dx] {
+                assert!(dx.row(0).iter().all(|v| v.is_nan()), "d {d} at {position}");
+                assert!(
+                    dx.row(1).iter().all(|v| v.is_finite()),
+                    "d {d} at {position}"
+                );
+            }
+            let x32 = x.mapv(|v| v as f32);
+            let dy32 = dy.mapv(|v| v as f32);
+            let gamma32 = gamma.mapv(|v| v as f32);
+            let ln32 = x32.layer_norm_backward(&dy32, &gamma32, 1e-5).unwrap();
+            let rms32 = x32.rms_norm_backward(&dy32, &gamma32, 1e-5).unwrap();
+            for dx in [&ln32.dx, &rms32.dx] {
+                assert!(
+                    dx.row(0).iter().all(|v| v.is_nan()),
+                    "f32 d {d} at {position}"
+                );
+                assert!(
+                    dx.row(1).iter().all(|v| v.is_finite()),
+                    "f32 d {d} at {position}"
+                );
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Finite differences.
 //
