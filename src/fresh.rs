@@ -2,14 +2,16 @@
 //!
 //! A zeroed allocation (`Array::zeros`, that is `calloc`) of memory the
 //! allocator reuses is a `memset` of the whole output before the kernel
-//! writes it again: one more pass over the output bytes. Measured against
-//! `rms_norm_into` a preallocated output (`f32`, d = 768, best of many
-//! calls), the allocating `rms_norm` took 25.2 against 19.8 us at 256 KiB,
-//! 123 against 90 us at 1 MiB, 575 against 425 us at 4 MiB and 2389 against
-//! 1872 us at 16 MiB on one thread, while `Array::zeros` alone took 5.0, 23,
-//! 153 and 624 us: the difference is the zeroing. Every allocating form
-//! therefore writes into uninitialised memory, which the row walks
-//! overwrite element by element before anything reads it.
+//! writes it again: one more pass over the output bytes. `f32` RMSNorm at
+//! d = 768, one thread, best of many calls, three alternating runs of each
+//! build: with `Array::zeros` the allocating `rms_norm` took 25.6 - 30.8 us
+//! at 256 KiB, 120 - 140 at 1 MiB, 545 - 597 at 4 MiB and 2224 - 2471 at
+//! 16 MiB, against 19.7 - 25.4, 86 - 104, 402 - 431 and 1727 - 1961 for
+//! `rms_norm_into` a preallocated output, and `Array::zeros` alone took
+//! about 5, 23, 150 and 620 us. Written into uninitialised memory, the
+//! allocating form took 19.7, 86 - 89, 400 - 411 and 1629 - 1665 us. Every
+//! allocating form therefore writes into uninitialised memory, which the
+//! row walks overwrite element by element before anything reads it.
 
 use std::mem::MaybeUninit;
 
@@ -47,11 +49,10 @@ pub(crate) fn array_and<A: NormScalar, D: Dimension, R>(
     // the layout of `A`), and nothing else refers to it while the view
     // lives (it ends with `fill`). Its elements are not initialised yet:
     // this relies on a reference to uninitialised memory being sound as
-    // long as nothing reads through it before writing, which is how the
-    // language's memory model (and Miri) treat it today, though the rule
-    // is not settled. `fill` only writes before it reads (the contract
-    // above; the row walks write each output row whole before anything
-    // reads it).
+    // long as nothing reads through it before writing, an assumption the
+    // language has not settled either way. `fill` only writes before it
+    // reads (the contract above; the row walks write each output row whole
+    // before anything reads it).
     let result = fill(&mut unsafe { out.raw_view_mut().cast::<A>().deref_into_view_mut() });
     // SAFETY: `fill` has written every element (the contract above).
     (unsafe { out.assume_init() }, result)
