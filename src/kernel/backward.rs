@@ -586,12 +586,13 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     let (gain_chunks, _) = gain.as_chunks::<LANES>();
     let zero = BlockedSum::new();
     let mut sums = ((zero, zero), zero);
-    // Slices of one length, zipped by value: the loop is a plain index
-    // loop with its state in registers.
+    // The partial chunk, with the padded gain vector after the whole ones.
     let tail = match gain_chunks.get(x_chunks.len()) {
         Some(gain) if !x_tail.is_empty() => Some((x_tail, dy_tail, gain)),
         _ => None,
     };
+    // Slices of one length, zipped by value: the loop is a plain index
+    // loop with its state in registers.
     let blocks = x_chunks.chunks(BLOCK).zip(dy_chunks.chunks(BLOCK));
     for ((x, dy), gain) in blocks.zip(gain_chunks.chunks(BLOCK)) {
         for ((x, dy), gain) in x.iter().zip(dy).zip(gain) {
