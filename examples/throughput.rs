@@ -16,8 +16,9 @@
 //!   chunks with rayon, and the faster of that and a one-thread copy is
 //!   kept. The allocating forms (`layer_norm`, `rms_norm`) are compared with
 //!   "allocate + copy", a fresh array filled by the copy, timed together
-//!   (the fastest of a zeroed array and an uninitialised one, as `to_vec`
-//!   gives), since a fresh output costs a page fault per page either way.
+//!   (the fastest of a zeroed array, `to_vec` and, on several threads, a
+//!   split copy into a zeroed array and rayon's `collect`), since a fresh
+//!   output costs a page fault per page either way.
 //! - `read (sum of x, baseline)` is no operation of the crate: it sums the
 //!   256 MiB input, a plain read of every element, and shows how close to
 //!   the copy an operation that only reads (`stats`) can come.
