@@ -7,7 +7,7 @@ use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 use crate::error::{NormError, Operand};
 use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
-use crate::{check, fresh, rows, sealed};
+use crate::{check, rows, sealed};
 
 /// Layer normalisation of every vector along the last axis of an array.
 ///
@@ -205,10 +205,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<Array<A, D>, NormError> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         let (params, eps) = (args.params(self.len()), args.eps);
-        Ok(fresh::array(self.raw_dim(), |out| {
-            rows::map_rows(self, out, args.d, |isa, io, rows| {
-                kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
-            })
+        Ok(rows::map_rows(self, args.d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
         }))
     }
 
@@ -216,10 +214,8 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
-        Ok(fresh::array(self.raw_dim(), |out| {
-            rows::map_rows(self, out, d, |isa, io, rows| {
-                kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
-            })
+        Ok(rows::map_rows(self, d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
         }))
     }
 

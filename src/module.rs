@@ -9,7 +9,7 @@ use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
 use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
-use crate::{check, fresh, rows};
+use crate::{check, rows};
 
 /// A LayerNorm layer over the last axis: owns `gamma`, an optional `beta`
 /// and `eps`.
@@ -257,10 +257,8 @@ impl<A: NormScalar> LayerNorm<A> {
     pub fn forward<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<Array<A, D>, NormError> {
         let args = self.args(x)?;
         let params = CallParams::new(args.affine(), args.d, x.len());
-        Ok(fresh::array(x.raw_dim(), |y| {
-            rows::map_rows(x, y, args.d, |isa, io, rows| {
-                kernel::layer_norm_rows(isa, io, rows, params.params(), args.eps)
-            })
+        Ok(rows::map_rows(x, args.d, |isa, io, rows| {
+            kernel::layer_norm_rows(isa, io, rows, params.params(), args.eps)
         }))
     }
 
@@ -614,10 +612,8 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn forward<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<Array<A, D>, NormError> {
         let (d, weights, eps) = self.args(x)?;
         let params = CallParams::new(self.gain(&weights).affine(), d, x.len());
-        Ok(fresh::array(x.raw_dim(), |y| {
-            rows::map_rows(x, y, d, |isa, io, rows| {
-                kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
-            })
+        Ok(rows::map_rows(x, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
         }))
     }
 

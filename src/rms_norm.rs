@@ -7,7 +7,7 @@ use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 use crate::error::{NormError, Operand};
 use crate::kernel::{self, Affine, CallParams};
 use crate::scalar::NormScalar;
-use crate::{check, fresh, rows, sealed};
+use crate::{check, rows, sealed};
 
 /// Root-mean-square normalisation of every vector along the last axis of an
 /// array (the normalisation of Llama-style models).
@@ -182,10 +182,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
-        Ok(fresh::array(self.raw_dim(), |out| {
-            rows::map_rows(self, out, d, |isa, io, rows| {
-                kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
-            })
+        Ok(rows::map_rows(self, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
         }))
     }
 
@@ -193,10 +191,8 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
-        Ok(fresh::array(self.raw_dim(), |out| {
-            rows::map_rows(self, out, d, |isa, io, rows| {
-                kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
-            })
+        Ok(rows::map_rows(self, d, |isa, io, rows| {
+            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
         }))
     }
 

@@ -22,6 +22,7 @@ use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis};
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
 
+use crate::fresh;
 use crate::kernel::{cache, Io, Isa};
 use crate::scalar::NormScalar;
 
@@ -103,10 +104,10 @@ pub(crate) fn worth_streaming<A>(output: &[A], d: usize) -> bool {
     size_of_val(output) >= STREAM_MIN_BYTES && d * size_of::<A>() >= STREAM_MIN_ROW_BYTES
 }
 
-/// Runs `kernel` on every row of `x`, writing the same row of `out` (same
-/// shape, rows of length `d`), an output just allocated ([`crate::fresh`]):
-/// written with plain stores, never past the caches. Each row of `out` is
-/// written whole before anything reads it.
+/// Runs `kernel` on every row of `x` (rows of length `d`), writing the same
+/// row of a new array of `x`'s shape ([`fresh::array`]): with plain stores,
+/// never past the caches. Each row of the output is written whole before
+/// anything reads it, as [`fresh::array`] requires.
 ///
 /// Streaming a large new output pays where the allocator reuses memory and
 /// costs where it maps it afresh, which the kernel zeroes into the cache on
@@ -117,14 +118,14 @@ pub(crate) fn worth_streaming<A>(output: &[A], d: usize) -> bool {
 /// 5.55 - 5.96. Which of the two a call gets is the allocator's choice.
 pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
-    out: &mut ArrayRef<A, D>,
     d: usize,
     kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
-) {
-    map_rows_with(x, out, d, false, kernel);
+) -> Array<A, D> {
+    fresh::array(x.raw_dim(), |out| map_rows_with(x, out, d, false, kernel))
 }
 
-/// [`map_rows`] into an output the caller provides: a large one is written
+/// [`map_rows`] into an output `out` of `x`'s shape that the caller
+/// provides: a large one is written
 /// past the caches ([`Io::Stream`]) when its rows are long enough.
 pub(crate) fn map_rows_into<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
