@@ -125,8 +125,8 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
 }
 
 /// [`map_rows`] into an output `out` of `x`'s shape that the caller
-/// provides: a large one is written
-/// past the caches ([`Io::Stream`]) when its rows are long enough.
+/// provides: a large one is written past the caches ([`Io::Stream`]) when
+/// its rows are long enough.
 pub(crate) fn map_rows_into<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     out: &mut ArrayRef<A, D>,

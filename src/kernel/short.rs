@@ -253,13 +253,11 @@ struct LayerNormOp<'a, A> {
     eps: f64,
 }
 
-/// LayerNorm statistics of short rows: `(base, shift, inv_std, check)`.
+/// LayerNorm statistics of short rows of `A`: `(base, shift, inv_std,
+/// check)`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_stats<T: Arith>(
-    columns: &[T],
-    eps: f64,
-    exact_quotient: bool,
-) -> (T, T, T, Check<T>) {
+fn layer_norm_stats<A, T: Arith>(columns: &[T], eps: f64) -> (T, T, T, Check<T>) {
+    let exact_quotient = quotient_is_exact::<A>(columns.len());
     let (base, shift, min, max) = mean_split(columns, exact_quotient);
     let squares = square_sum(columns, base, shift);
     let inv_std = inverse_root(squares, columns.len(), eps);
@@ -272,8 +270,7 @@ fn layer_norm_stats<T: Arith>(
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Option<Centring> {
     let (values, d) = widened(x);
-    let exact_quotient = quotient_is_exact::<A>(d);
-    let (base, shift, inv_std, check) = layer_norm_stats(values.get(..d)?, eps, exact_quotient);
+    let (base, shift, inv_std, check) = layer_norm_stats::<A, f64>(values.get(..d)?, eps);
     let op = LayerNormOp::<A> {
         params: Affine::Identity.into(),
         eps,
@@ -318,8 +315,7 @@ fn widened<A: NormScalar>(x: &[A]) -> ([f64; SHORT_ROW], usize) {
 impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
-        let exact_quotient = quotient_is_exact::<A>(columns.len());
-        let (base, shift, inv_std, check) = layer_norm_stats(columns, self.eps, exact_quotient);
+        let (base, shift, inv_std, check) = layer_norm_stats::<A, T>(columns, self.eps);
         for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
             *out = affine_element(((x - base) - shift) * inv_std, self.params.affine, j);
         }
