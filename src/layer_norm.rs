@@ -35,8 +35,8 @@ use crate::{check, rows, sealed};
 /// result; an `f64` output is within a few units in the last place of the
 /// true value (relative error at most 2e-15 against an exact reference),
 /// also for outputs near zero, for rows with a large common offset
-/// (`1e12 + noise`) and for rows whose squares overflow or underflow
-/// (`1e200`, `1e-200`). A row whose
+/// (`1e12 + noise`), for rows whose squares overflow or underflow
+/// (`1e200`, `1e-200`) and for rows near the subnormal range. A row whose
 /// elements are all equal gives exactly `beta`, for every `eps ≥ 0`. A row
 /// holding a NaN or an infinity gives NaN in that row only. The result bits
 /// do not depend on the memory layout.

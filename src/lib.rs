@@ -50,8 +50,9 @@
 //!   magnitudes from `1e-30` to `1e30`.
 //! - Each `f64` output is within a few units in the last place of the true
 //!   value (relative error at most 2e-15 against an exact reference), also
-//!   near zero, on rows with a large common offset (`1e12 + noise`) and on
-//!   rows whose squares overflow or underflow (`1e200`, `1e-200`), which are
+//!   near zero, on rows with a large common offset (`1e12 + noise`), on
+//!   rows whose squares overflow or underflow (`1e200`, `1e-200`) and on
+//!   rows near the subnormal range (`1e-310`, whatever `eps`), which are
 //!   rescaled by an exact power of two.
 //! - A row whose elements are all equal gives exactly `beta` (zeros for the
 //!   plain form) for every `eps ≥ 0`; an all-zero row gives zeros under

@@ -144,16 +144,20 @@ fn exact_stats(x: &[f64]) -> (f64, f64) {
     (mean, rms)
 }
 
-/// Distance in units in the last place of `f32` at `truth`.
-fn f32_ulps(got: f32, truth: f64) -> f64 {
+/// The unit in the last place of `f32` at `truth` rounded to `f32`.
+fn f32_ulp_at(truth: f64) -> f64 {
     let rounded = truth as f32;
-    let ulp = if rounded == 0.0 {
+    if rounded == 0.0 {
         f32::from_bits(1) as f64
     } else {
         let next = f32::from_bits(rounded.abs().to_bits() + 1) as f64;
         next - rounded.abs() as f64
-    };
-    (got as f64 - truth).abs() / ulp
+    }
+}
+
+/// Distance in units in the last place of `f32` at `truth`.
+fn f32_ulps(got: f32, truth: f64) -> f64 {
+    (got as f64 - truth).abs() / f32_ulp_at(truth)
 }
 
 /// Relative error, measured against `max(|truth|, floor)`.
@@ -388,6 +392,50 @@ fn f64_rows_whose_squares_overflow_or_underflow() {
     let truth = exact_layer_norm(&row, 1e-5);
     for (&g, &t) in got.iter().zip(&truth) {
         assert!(relative(g, t, 0.0) <= F64_TOLERANCE, "{g} vs {t}");
+    }
+}
+
+/// Rows near the subnormal range keep their accuracy whatever `eps`: their
+/// mean's parts would lose digits to underflow, even where `eps` hides the
+/// variance. Outputs may be subnormal, so the tolerance has an absolute
+/// part of two units of 2⁻¹⁰⁷⁴ (the reference rounds twice there).
+#[test]
+fn f64_tiny_rows_keep_their_mean_whatever_eps() {
+    let mut rng = Rng(11);
+    let unit = f64::from_bits(1);
+    for &magnitude in &[1e-280, 1e-300, 1e-310, 1e-320] {
+        for &d in &[2, 3, 5, 16, 17, 64, 333] {
+            let row: Vec<f64> = (0..d).map(|_| magnitude * rng.signed_unit()).collect();
+            let x = Array1::from(row.clone());
+            for &eps in &[1e-240, 1e-200, 1e-5, 1.0] {
+                let truth = exact_layer_norm(&row, eps);
+                // The training forward takes the statistics that backward
+                // saves and recomputes: the same rescaling must reach them.
+                let (trained, _) = x
+                    .layer_norm_train(&Array1::ones(d), &Array1::zeros(d), eps)
+                    .unwrap();
+                for got in [x.layer_norm_plain(eps).unwrap(), trained] {
+                    for (&g, &t) in got.iter().zip(&truth) {
+                        assert!(
+                            (g - t).abs() <= F64_TOLERANCE * t.abs() + 2.0 * unit,
+                            "{magnitude:e} d {d} eps {eps:e}: {g:e} vs {t:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // The smallest subnormal next to zero: the mean is 2⁻¹⁰⁷⁵, half a unit,
+    // so the deviations are ±2⁻¹⁰⁷⁵ and, with var = 2⁻²¹⁵⁰ hidden by
+    // eps = 1e-200, the outputs ±2⁻¹⁰⁷⁵ / √1e-200 = ±2⁻¹⁰⁷⁴ · 1e100 / 2.
+    let got = ndarray::array![unit, 0.0].layer_norm_plain(1e-200).unwrap();
+    let expected = unit * 1e100 / 2.0;
+    for (&g, sign) in got.iter().zip([1.0, -1.0]) {
+        assert!(
+            (g - sign * expected).abs() <= 1e-15 * expected,
+            "{g} vs {}",
+            sign * expected
+        );
     }
 }
 

@@ -67,6 +67,15 @@ const SHIFT_TOLERANCE: f64 = 1.0 / (1u64 << 20) as f64;
 /// which must not overflow.
 pub(super) const HUGE_MAGNITUDE: f64 = 1e290;
 
+/// Magnitudes below which a LayerNorm row is rescaled whatever `eps`:
+/// 2⁻⁹⁰⁰. The mean split is good to about 2⁻¹⁰⁶ of `Σ |xᵢ|`, but where the
+/// row nears the subnormal range its parts (the remainder `shift`, the low
+/// half of Dekker's product `d · base`) lose digits to underflow, at most
+/// 2⁻¹⁰⁷⁴ each. From 2⁻⁹⁶⁸ up that loss is below the split's own error;
+/// below this bound the row is worked on times a power of two instead, which
+/// is exact. (`f32` rows never come this low.)
+pub(super) const TINY_MAGNITUDE: f64 = f64::from_bits((1023 - 900) << 52);
+
 /// How a chunk is read: as is, or times an exact power of two.
 trait Load: Copy {
     fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V;
@@ -753,7 +762,8 @@ pub(super) enum FirstPass {
 
 /// Pass 1 of [`exact_centring`]: the compensated sum with the extremes, and
 /// the cases it settles (a NaN or an infinity, a constant row, a row that
-/// must be rescaled).
+/// must be rescaled because its sum overflowed or its magnitude is outside
+/// [`TINY_MAGNITUDE`] to [`HUGE_MAGNITUDE`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
     let spread_ = spread::<A, V, _>(x, Unscaled);
@@ -765,7 +775,7 @@ pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -
         return FirstPass::Finished(Centring::Constant);
     }
     let magnitude = spread_.magnitude();
-    if spread_.sum.hi.is_finite() && magnitude < HUGE_MAGNITUDE {
+    if spread_.sum.hi.is_finite() && (TINY_MAGNITUDE..HUGE_MAGNITUDE).contains(&magnitude) {
         let Pair {
             hi: base,
             lo: shift,

@@ -62,7 +62,7 @@
 use super::portable::{
     centring as long_centring, divide_split, general_row_stats,
     rms_scaling as portable_rms_scaling, two_sum, write_layer_norm, write_rms_norm, Centring,
-    EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_SQUARES,
+    EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{cache, Affine, Io, Params};
@@ -324,10 +324,13 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
 
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn verdict(self, [base, min, max, squares]: [f64; 4], _d: usize) -> Verdict {
-        if !base.is_finite() || min.abs().max(max.abs()) >= HUGE_MAGNITUDE {
+        let magnitude = min.abs().max(max.abs());
+        if !base.is_finite() || magnitude >= HUGE_MAGNITUDE {
             Verdict::General
         } else if min == max {
             Verdict::Constant
+        } else if magnitude < TINY_MAGNITUDE {
+            Verdict::General
         } else if squares.is_finite() && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY) {
             Verdict::Normalised
         } else {
@@ -338,10 +341,16 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn all_normalised<V: Vector>(self, [base, min, max, squares]: Check<V>) -> bool {
         // Each test implies its clause of `verdict`: `max - min > 0` (so
-        // `min != max`), and squares that are finite and, unless `eps`
-        // hides them, not tiny.
+        // `min != max`), a magnitude of at least `TINY_MAGNITUDE` (which
+        // no `f32` row comes below), and squares that are finite and,
+        // unless `eps` hides them, not tiny.
         all_moderate(base, min, max)
             && (max - min).all_within(f64::from_bits(1), f64::INFINITY)
+            && (size_of::<A>() == size_of::<f32>()
+                || min
+                    .abs()
+                    .max_select(max.abs())
+                    .all_within(TINY_MAGNITUDE, f64::INFINITY))
             && squares.all_within(squares_floor(self.eps), f64::MAX)
     }
 
