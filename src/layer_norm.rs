@@ -36,7 +36,10 @@ use crate::{check, rows, sealed};
 /// true value (relative error at most 2e-15 against an exact reference),
 /// also for outputs near zero, for rows with a large common offset
 /// (`1e12 + noise`), for rows whose squares overflow or underflow
-/// (`1e200`, `1e-200`) and for rows near the subnormal range. A row whose
+/// (`1e200`, `1e-200`) and for rows near the subnormal range. With a shift
+/// `beta`, added to `n · gamma` in `f64`, the output is also off by up to
+/// 2e-15 of `|n · gamma|`, which exceeds an ulp only where the two nearly
+/// cancel. A row whose
 /// elements are all equal gives exactly `beta`, for every `eps ≥ 0`. A row
 /// holding a NaN or an infinity gives NaN in that row only. The result bits
 /// do not depend on the memory layout.

@@ -54,6 +54,10 @@
 //!   rows whose squares overflow or underflow (`1e200`, `1e-200`) and on
 //!   rows near the subnormal range (`1e-310`, whatever `eps`), which are
 //!   rescaled by an exact power of two.
+//! - Both hold for the normalised value `n` and for `n · gamma`. A shift
+//!   `beta` is added to `n · gamma` in `f64`, so an output with `beta` is
+//!   also off by up to 2e-15 of `|n · gamma|`: more than an ulp only where
+//!   `n · gamma` and `beta` nearly cancel.
 //! - A row whose elements are all equal gives exactly `beta` (zeros for the
 //!   plain form) for every `eps ≥ 0`; an all-zero row gives zeros under
 //!   RMSNorm. A NaN or infinity poisons its own row only.

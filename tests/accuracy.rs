@@ -439,6 +439,67 @@ fn f64_tiny_rows_keep_their_mean_whatever_eps() {
     }
 }
 
+/// With a shift `beta`, LayerNorm's output is `n · gamma + beta` formed in
+/// `f64`: within the final rounding (one `f32` ulp, or 2e-15 relative for
+/// `f64`) plus 2e-15 of `|n · gamma|` of the true value, also where `beta`
+/// cancels most of `n · gamma`. The reference adds the exact `n`, rounded to
+/// `f64`, to `beta` with two roundings of `2⁻⁵³ · |n · gamma|` at most,
+/// which the tolerance allows for besides.
+#[test]
+fn shifted_outputs_stay_within_the_stated_bound() {
+    let mut rng = Rng(12);
+    for kind in 0..FAMILIES {
+        for &d in &[2, 3, 7, 64, 129] {
+            let row = family(&mut rng, kind, d, true);
+            let n = exact_layer_norm(&row, 0.0);
+            // Beta cancels the leading digits of element `j`'s n · gamma.
+            let j = rng.below(d as u64) as usize;
+            let gamma: Vec<f32> = (0..d)
+                .map(|_| (1.0 + 0.5 * rng.signed_unit()) as f32)
+                .collect();
+            let beta: Vec<f32> = (0..d)
+                .map(|k| {
+                    let product = n[k] * f64::from(gamma[k]);
+                    if k == j {
+                        -product as f32
+                    } else {
+                        (0.1 * rng.signed_unit()) as f32
+                    }
+                })
+                .collect();
+            let x32 = Array1::from_iter(row.iter().map(|&v| v as f32));
+            let got32 = x32
+                .layer_norm(
+                    &Array1::from(gamma.clone()),
+                    &Array1::from(beta.clone()),
+                    0.0,
+                )
+                .unwrap();
+            let x64 = Array1::from(row.clone());
+            let gamma64 = Array1::from_iter(gamma.iter().map(|&g| f64::from(g)));
+            let beta64 = Array1::from_iter(beta.iter().map(|&b| f64::from(b)));
+            let got64 = x64.layer_norm(&gamma64, &beta64, 0.0).unwrap();
+            for k in 0..d {
+                let product = (n[k] * gamma64[k]).abs();
+                let truth = n[k] * gamma64[k] + beta64[k];
+                let slack = (2e-15 + 5e-16) * product;
+                let error32 = (f64::from(got32[k]) - truth).abs();
+                assert!(
+                    error32 <= f32_ulp_at(truth) + slack,
+                    "f32 kind {kind} d {d} k {k}: {} vs {truth:e}",
+                    got32[k]
+                );
+                let error64 = (got64[k] - truth).abs();
+                assert!(
+                    error64 <= F64_TOLERANCE * truth.abs() + slack,
+                    "f64 kind {kind} d {d} k {k}: {:e} vs {truth:e}",
+                    got64[k]
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn f64_rms_norm_and_stats() {
     let mut rng = Rng(6);
