@@ -492,6 +492,108 @@ fn rescaled_rows_keep_their_accuracy() {
     }
 }
 
+/// The closed form above evaluated in plain `f64` on `(x - x₀) · 2ᵏ`: the
+/// difference is exact for rows of nearby values (Sterbenz), and LayerNorm
+/// is unchanged by the shift, so `dx` is that row's `dx` times 2ᵏ (eps = 0).
+/// Returns `dx` and, per element, the size of the terms it sums.
+fn scaled_layer_norm_dx(x: &[f64], dy: &[f64], k: i32) -> (Vec<f64>, Vec<f64>) {
+    let factor = 2.0_f64.powi(k);
+    let d = x.len() as f64;
+    let shifted: Vec<f64> = x.iter().map(|&v| (v - x[0]) * factor).collect();
+    let mean = shifted.iter().sum::<f64>() / d;
+    let var = shifted
+        .iter()
+        .map(|&v| (v - mean) * (v - mean))
+        .sum::<f64>()
+        / d;
+    let r = 1.0 / var.sqrt();
+    let xhat: Vec<f64> = shifted.iter().map(|&v| (v - mean) * r).collect();
+    let mean_g = dy.iter().sum::<f64>() / d;
+    let mean_gx = dy.iter().zip(&xhat).map(|(g, h)| g * h).sum::<f64>() / d;
+    let dx = dy
+        .iter()
+        .zip(&xhat)
+        .map(|(g, h)| r * (g - mean_g - h * mean_gx) * factor)
+        .collect();
+    let size = dy
+        .iter()
+        .zip(&xhat)
+        .map(|(g, h)| r * (g.abs() + mean_g.abs() + (h * mean_gx).abs()) * factor)
+        .collect();
+    (dx, size)
+}
+
+/// RMSNorm's closed form, `r(gᵢ - x̂ᵢ·mean(g ⊙ x̂))` with `x̂ = x·r`, on `x · 2ᵏ`.
+fn scaled_rms_norm_dx(x: &[f64], dy: &[f64], k: i32) -> (Vec<f64>, Vec<f64>) {
+    let factor = 2.0_f64.powi(k);
+    let d = x.len() as f64;
+    let scaled: Vec<f64> = x.iter().map(|&v| v * factor).collect();
+    let r = 1.0 / (scaled.iter().map(|v| v * v).sum::<f64>() / d).sqrt();
+    let xhat: Vec<f64> = scaled.iter().map(|&v| v * r).collect();
+    let mean_gx = dy.iter().zip(&xhat).map(|(g, h)| g * h).sum::<f64>() / d;
+    let dx = dy
+        .iter()
+        .zip(&xhat)
+        .map(|(g, h)| r * (g - h * mean_gx) * factor)
+        .collect();
+    let size = dy
+        .iter()
+        .zip(&xhat)
+        .map(|(g, h)| r * (g.abs() + (h * mean_gx).abs()) * factor)
+        .collect();
+    (dx, size)
+}
+
+// A row whose spread (or root mean square) lies below the normal range has
+// an rstd beyond f64::MAX with eps = 0, yet a finite dx where dy is small:
+// dx must come out finite and accurate, not ±∞ or NaN.
+#[test]
+fn rows_below_the_normal_range_keep_finite_gradients() {
+    let ones = |d: usize| Array1::<f64>::ones(d);
+    let check = |got: &Array2<f64>, (dx, size): (Vec<f64>, Vec<f64>), what: &str| {
+        for ((&g, &t), &s) in got.iter().zip(&dx).zip(&size) {
+            assert!(
+                g.is_finite() && (g - t).abs() <= 1e-13 * s,
+                "{what}: {g:e} vs {t:e}"
+            );
+        }
+    };
+    let x = array![[1e-300_f64, 1e-300 + 2e-310, 1e-300 + 6e-310]];
+    let dy = array![[1e-5, 0.0, 0.0]];
+    let grads = x.layer_norm_backward(&dy, &ones(3), 0.0).unwrap();
+    let row = x.row(0).to_vec();
+    check(
+        &grads.dx,
+        scaled_layer_norm_dx(&row, &dy.row(0).to_vec(), 1000),
+        "offset",
+    );
+
+    let x = array![[1e-310_f64, 3e-310, -2e-310, 5e-310]];
+    let dy = array![[1e-10, -2e-10, 3e-10, 0.5e-10]];
+    let row = x.row(0).to_vec();
+    let dy_row = dy.row(0).to_vec();
+    let grads = x.layer_norm_backward(&dy, &ones(4), 0.0).unwrap();
+    check(
+        &grads.dx,
+        scaled_layer_norm_dx(&row, &dy_row, 1000),
+        "subnormal",
+    );
+    let rms = x.rms_norm_backward(&dy, &ones(4), 0.0).unwrap();
+    check(
+        &rms.dx,
+        scaled_rms_norm_dx(&row, &dy_row, 1000),
+        "subnormal RMSNorm",
+    );
+    // The same rows through saved statistics give the same bits.
+    let (_, stats) = x
+        .layer_norm_train(&ones(4), &Array1::zeros(4), 0.0)
+        .unwrap();
+    let saved = x
+        .layer_norm_backward_with_stats(&dy, &ones(4), &stats)
+        .unwrap();
+    assert_eq!(bits64(&saved.dx), bits64(&grads.dx));
+}
+
 // ---------------------------------------------------------------------------
 // Layout, dimension and determinism.
 // ---------------------------------------------------------------------------

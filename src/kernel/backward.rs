@@ -662,6 +662,28 @@ impl<V: Vector> Gradient<V> for RmsNormGradient<V> {
     }
 }
 
+/// A rescaled row (see [`RowCentring`]) whose `rstd = inv_std · scale`
+/// overflows although its `dx` need not: its spread (LayerNorm) or root
+/// mean square (RMSNorm) lies below the normal range, with `eps = 0`. `G` forms `dx` with `inv_std` for `rstd`,
+/// and the power of two `scale` comes after, so that `dx` overflows only
+/// where its value does. Wherever `inv_std · scale` is finite, multiplying
+/// by `scale` first or last gives the same bits, so only these rows take
+/// this form.
+#[derive(Clone, Copy)]
+struct ScaledLast<G, V> {
+    gradient: G,
+    scale: V,
+}
+
+impl<V: Vector, G: Gradient<V>> Gradient<V> for ScaledLast<G, V> {
+    const WITH_BETA: bool = G::WITH_BETA;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn apply(self, e: V, g: V) -> (V, V) {
+        let (dx, n) = self.gradient.apply(e, g);
+        (dx * self.scale, n)
+    }
+}
+
 /// A row without a derivative (`eps = 0` and a constant, or all-zero, row):
 /// `dx` is NaN, and the normalised output, 0 whatever the gain, adds
 /// `dy · 0` to `dγ` (0, or NaN for a non-finite `dy`).
@@ -1032,14 +1054,23 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
     let d = dx.len() as f64;
     let g_total = g_sum.plain_total();
     let gn_total = (ge_sum.plain_total() - shift * g_total) * inv_std;
+    let rstd = inv_std * scale;
     let gradient = LayerNormGradient {
         shift: V::splat(shift),
         inv_std: V::splat(inv_std),
         mean_g: V::splat(g_total / d),
         mean_gn: V::splat(gn_total / d),
-        rstd: V::splat(inv_std * scale),
+        rstd: V::splat(if rstd.is_finite() { rstd } else { inv_std }),
     };
-    pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
+    if rstd.is_finite() {
+        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
+    } else {
+        let gradient = ScaledLast {
+            gradient,
+            scale: V::splat(scale),
+        };
+        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
+    }
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
@@ -1168,12 +1199,21 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<false>);
     }
     let gn_total = gx_sum.plain_total() * inv_rms;
+    let rrms = inv_rms * scale;
     let gradient = RmsNormGradient {
         inv_rms: V::splat(inv_rms),
         mean_gn: V::splat(gn_total / dx.len() as f64),
-        rrms: V::splat(inv_rms * scale),
+        rrms: V::splat(if rrms.is_finite() { rrms } else { inv_rms }),
     };
-    pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
+    if rrms.is_finite() {
+        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
+    } else {
+        let gradient = ScaledLast {
+            gradient,
+            scale: V::splat(scale),
+        };
+        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
+    }
 }
 
 #[cfg(test)]
