@@ -275,6 +275,7 @@ fn unknown_keyword() {
 fn token_not_a_number() {
     assert_bad_line(SEED_LN_INPUT, "LN 2 4 6,5 8", "\"6,5\" is not a number");
     assert_bad_line("", "GAMMA 1 one", "\"one\" is not a number");
+    assert_bad_line("", "LN 1 -1e309", "\"-1e309\" is too large for f64");
     assert_bad_line("\n", "EPS 1e", "\"1e\" is not a number");
     assert_bad_line("", "LN 1 \u{3c0}", "\"\u{3c0}\" is not a number");
 }
@@ -326,9 +327,10 @@ fn gamma_and_beta_lengths_differ() {
 #[test]
 fn bad_eps() {
     let message = |token: &str| format!("eps must be finite and non-negative, found \"{token}\"");
-    for token in ["-1e-5", "nan", "inf", "1e400"] {
+    for token in ["-1e-5", "nan", "inf"] {
         assert_bad_line("LN 3 4\n", &format!("EPS {token}"), &message(token));
     }
+    assert_bad_line("LN 3 4\n", "EPS 1e400", "\"1e400\" is too large for f64");
     assert_bad_line("", "EPS 1e-5 1e-6", "EPS takes one value, found 2");
 }
 
@@ -501,6 +503,19 @@ fn f32_computes_in_f32() {
     // The f64 answer has more digits.
     let run64 = layernorm(&["--exact"], b"LN 1 2 3\n");
     assert!(run64.stdout.len() > run.stdout.len());
+    // A number that f64 holds but f32 does not is a bad line under --f32,
+    // after the answers to the lines before it.
+    let input = b"LN 1 2\nLN 1 1e39\n";
+    let answered = layernorm(&["--f32"], b"LN 1 2\n");
+    assert_eq!(
+        layernorm(&["--f32"], input),
+        failed(
+            &answered.stdout,
+            "layernorm: line 2: \"1e39\" is too large for f32\n",
+            1
+        )
+    );
+    assert_eq!(layernorm(&[], input).code, Some(0));
 }
 
 #[test]

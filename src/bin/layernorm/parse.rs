@@ -17,6 +17,9 @@ pub trait Value: NormScalar + FromStr + fmt::LowerExp {
     /// The `eps` in force until an `EPS` line sets one.
     const DEFAULT_EPS: Self;
 
+    /// The type's name in messages.
+    const NAME: &'static str;
+
     /// Widens to `f64`, exactly.
     fn to_f64(self) -> f64;
 
@@ -28,6 +31,7 @@ pub trait Value: NormScalar + FromStr + fmt::LowerExp {
 
 impl Value for f64 {
     const DEFAULT_EPS: Self = 1e-5;
+    const NAME: &'static str = "f64";
 
     fn to_f64(self) -> f64 {
         self
@@ -54,6 +58,7 @@ impl Value for f64 {
 
 impl Value for f32 {
     const DEFAULT_EPS: Self = 1e-5;
+    const NAME: &'static str = "f32";
 
     fn to_f64(self) -> f64 {
         f64::from(self)
@@ -204,6 +209,9 @@ pub enum ParseError<'a> {
     UnknownKeyword(&'a [u8]),
     /// A token after the keyword does not read as a number.
     NotANumber(&'a [u8]),
+    /// A token writes a finite number beyond the largest of the element
+    /// type (named), which would otherwise read as an infinity.
+    TooLarge(&'a [u8], &'static str),
     /// The keyword is alone on its line.
     NoValues(Keyword),
 }
@@ -217,6 +225,9 @@ impl fmt::Display for ParseError<'_> {
                 Quoted(token)
             ),
             ParseError::NotANumber(token) => write!(f, "{} is not a number", Quoted(token)),
+            ParseError::TooLarge(token, name) => {
+                write!(f, "{} is too large for {name}", Quoted(token))
+            }
             ParseError::NoValues(keyword) => write!(f, "{keyword} has no values"),
         }
     }
@@ -241,8 +252,9 @@ pub fn tokens(line: &[u8]) -> impl Iterator<Item = &[u8]> {
 ///
 /// # Errors
 ///
-/// An unknown keyword, a token that is not a number, or a keyword without
-/// values; each names what is wrong.
+/// An unknown keyword, a token that is not a number or writes a finite
+/// number too large for `A`, or a keyword without values; each names what
+/// is wrong.
 pub fn parse_line<'a, A: Value>(
     line: &'a [u8],
     values: &mut Vec<A>,
@@ -257,12 +269,26 @@ pub fn parse_line<'a, A: Value>(
     }
     let keyword = Keyword::from_token(first).ok_or(ParseError::UnknownKeyword(first))?;
     for token in tokens {
-        values.push(number(token).ok_or(ParseError::NotANumber(token))?);
+        let value: A = number(token).ok_or(ParseError::NotANumber(token))?;
+        if value.to_f64().is_infinite() && !names_infinity(token) {
+            return Err(ParseError::TooLarge(token, A::NAME));
+        }
+        values.push(value);
     }
     if values.is_empty() {
         return Err(ParseError::NoValues(keyword));
     }
     Ok(Line::Record(keyword))
+}
+
+/// Whether a token spells an infinity (`inf` or `infinity`, any case, with
+/// an optional sign) rather than a finite number that overflows.
+fn names_infinity(token: &[u8]) -> bool {
+    let unsigned = token
+        .strip_prefix(b"+")
+        .or(token.strip_prefix(b"-"))
+        .unwrap_or(token);
+    unsigned.eq_ignore_ascii_case(b"inf") || unsigned.eq_ignore_ascii_case(b"infinity")
 }
 
 /// A token read as a number, if it is one: the fast path for plain
@@ -372,6 +398,27 @@ mod tests {
     }
 
     #[test]
+    fn finite_tokens_beyond_the_type_are_refused() {
+        let mut values = Vec::new();
+        let line = parse_line::<f32>(b"GAMMA 1 1e39", &mut values);
+        assert_eq!(line, Err(ParseError::TooLarge(b"1e39", "f32")));
+        assert_eq!(
+            line.map_err(|e| e.to_string()),
+            Err("\"1e39\" is too large for f32".into())
+        );
+        // The largest f32, and what rounds to it, still read; so do the
+        // infinities written as such.
+        let line = parse_line::<f32>(b"LN 3.4028235e38 -3.40282356e38 inf -INFINITY", &mut values);
+        assert_eq!(line, Ok(Line::Record(Keyword::Ln)));
+        assert_eq!(
+            values,
+            [f32::MAX, -f32::MAX, f32::INFINITY, f32::NEG_INFINITY]
+        );
+        let line = parse_line::<f64>(b"LN 1e39 +Inf", &mut Vec::new());
+        assert_eq!(line, Ok(Line::Record(Keyword::Ln)));
+    }
+
+    #[test]
     fn errors_name_the_token() {
         assert_eq!(
             parse("LNX 1").0,
@@ -379,6 +426,14 @@ mod tests {
         );
         assert_eq!(parse("LN 1 x2 3").0, Err("\"x2\" is not a number".into()));
         assert_eq!(parse("LN 1 1,5").0, Err("\"1,5\" is not a number".into()));
+        assert_eq!(
+            parse("LN 1 1e309").0,
+            Err("\"1e309\" is too large for f64".into())
+        );
+        assert_eq!(
+            parse("EPS -2e308").0,
+            Err("\"-2e308\" is too large for f64".into())
+        );
         assert_eq!(parse("gamma").0, Err("GAMMA has no values".into()));
         assert_eq!(parse("RMS  \t").0, Err("RMS has no values".into()));
     }
