@@ -46,7 +46,9 @@ pub struct LayerNorm<A> {
 
 impl<A: NormScalar> LayerNorm<A> {
     /// A layer for rows of length `d` as a fresh model starts it:
-    /// `gamma = 1`, `beta = 0`, `eps = 1e-5`.
+    /// `gamma = 1`, `beta = 0`, `eps = 1e-5`. With `d = 0` every input is
+    /// refused: rows of no elements with [`NormError::EmptyAxis`], others
+    /// with [`NormError::LengthMismatch`].
     ///
     /// # Examples
     ///
@@ -410,7 +412,8 @@ pub struct RmsNorm<A> {
 
 impl<A: NormScalar> RmsNorm<A> {
     /// A layer for rows of length `d` as a fresh model starts it:
-    /// `gamma = 1`, `eps = 1e-6`.
+    /// `gamma = 1`, `eps = 1e-6`. With `d = 0` every input is refused, as
+    /// for [`LayerNorm::new`].
     ///
     /// # Examples
     ///

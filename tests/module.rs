@@ -8,6 +8,24 @@ use ndarray_layernorm::prelude::*;
 use ndarray_layernorm::Operand;
 use proptest::prelude::*;
 
+// A layer of no features refuses every input, as its docs say.
+#[test]
+fn layers_of_no_features_refuse_every_input() {
+    let empty = Array2::<f64>::zeros((2, 0));
+    let rows = Array2::<f64>::zeros((2, 3));
+    let mismatch = Err(NormError::LengthMismatch {
+        operand: Operand::Gamma,
+        expected: 3,
+        found: 0,
+    });
+    let norm = LayerNorm::<f64>::new(0);
+    assert_eq!(norm.forward(&empty), Err(NormError::EmptyAxis));
+    assert_eq!(norm.forward(&rows), mismatch);
+    let rms = RmsNorm::<f64>::new(0);
+    assert_eq!(rms.forward(&empty), Err(NormError::EmptyAxis));
+    assert_eq!(rms.forward(&rows), mismatch);
+}
+
 #[test]
 fn fresh_layers_start_as_a_fresh_model() {
     let norm = LayerNorm::<f32>::new(4);
