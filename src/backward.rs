@@ -241,8 +241,10 @@ impl<D: Dimension> RmsNormStats<D> {
 /// block's addition kept: the bits do not depend on the memory layout or
 /// on how many threads run the blocks.
 ///
-/// A row holding a NaN or an infinity (in `x` or `dy`) gives NaN in its
-/// own row of `dx` and in `dγ`, `dβ`. With `eps = 0` a constant row has no
+/// A NaN or an infinity in a row of `x` gives NaN in that row of `dx` and
+/// in every element of `dγ` (`dβ` does not depend on `x`); one in `dy`
+/// gives NaN in that row of `dx` and in that feature's element of `dγ` and
+/// `dβ`. With `eps = 0` a constant row has no
 /// derivative: its `dx` is NaN, while `dγ`, `dβ` stay finite (its output
 /// is `β` whatever `γ`).
 ///

@@ -52,16 +52,18 @@ impl fmt::Display for Operand {
 ///     err,
 ///     NormError::LengthMismatch { operand: Operand::Gamma, expected: 3, found: 2 }
 /// );
-/// assert_eq!(err.to_string(), "gamma has length 2, expected 3 (the length of the last axis)");
+/// assert_eq!(err.to_string(), "gamma has length 2, expected 3 (the number of features)");
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum NormError {
-    /// `gamma` or `beta` does not have the length `d` of the last axis.
+    /// `gamma` or `beta` does not have the number of features `d`: the
+    /// length of the input's last axis, or of `gamma` when a layer is built
+    /// from its parts.
     LengthMismatch {
         /// Which operand has the wrong length.
         operand: Operand,
-        /// The length of the input's last axis.
+        /// The number of features.
         expected: usize,
         /// The operand's length.
         found: usize,
@@ -106,7 +108,7 @@ impl fmt::Display for NormError {
                 found,
             } => write!(
                 f,
-                "{operand} has length {found}, expected {expected} (the length of the last axis)"
+                "{operand} has length {found}, expected {expected} (the number of features)"
             ),
             NormError::ShapeMismatch {
                 operand,

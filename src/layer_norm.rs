@@ -99,8 +99,10 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     fn layer_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError>;
 
     /// Writes the layer normalisation of every row into `out`, which must
-    /// have the shape of `self` (any layout). Allocates nothing when the
-    /// rows of `self` and `out` are contiguous and `gamma`, `beta` are too.
+    /// have the shape of `self` (any layout). Allocates nothing when `self`
+    /// and `out` are in standard (row-major) layout and `gamma`, `beta`
+    /// contiguous, except that a thread's first `f32` call over rows of 17 to 1024 features
+    /// allocates a buffer of at most 16.25 KiB, which the thread keeps.
     ///
     /// # Errors
     ///
@@ -152,7 +154,9 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     fn layer_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError>;
 
     /// Replaces every row by its layer normalisation. Allocates nothing
-    /// when the rows, `gamma` and `beta` are contiguous.
+    /// when `self` is in standard (row-major) layout and `gamma`, `beta`
+    /// contiguous, except that a thread's first `f32` call over rows of 17 to 1024 features
+    /// allocates a buffer of at most 16.25 KiB, which the thread keeps.
     ///
     /// # Errors
     ///

@@ -1,5 +1,6 @@
 //! LayerNorm, RMSNorm and their statistics along the last axis of any
-//! [`ndarray`] array, for `f32` and `f64`, accurate to the last bit.
+//! [`ndarray`] array, for `f32` and `f64`, accurate to within an ulp (`f32`)
+//! or a few (`f64`).
 //!
 //! Bring the extension traits into scope and call them on any owned array
 //! or view, of any dimension `(…, d)` and any memory layout:
@@ -71,8 +72,10 @@
 //! elements or more) split their rows over rayon's global pool; set
 //! `RAYON_NUM_THREADS`, or call inside `rayon::ThreadPool::install`, to
 //! choose the threads. A row is never split, so the result bits do not
-//! depend on the number of threads. Without the feature every call runs on
-//! the calling thread.
+//! depend on the number of threads. The training forward passes and the
+//! backward passes split only arrays in standard (row-major) layout, and
+//! the fused [`AddNormExt`] methods always run on the calling thread.
+//! Without the feature every call runs on the calling thread.
 //!
 //! # Errors
 //!

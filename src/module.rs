@@ -233,7 +233,9 @@ impl<A: NormScalar> LayerNorm<A> {
 
     /// Normalises every row of `x` (any dimension, last axis of length
     /// [`dim`](Self::dim)), with the bits of
-    /// [`layer_norm`](crate::LayerNormExt::layer_norm).
+    /// [`layer_norm`](crate::LayerNormExt::layer_norm) (without bias: of
+    /// `layer_norm` with `beta = 0`, except that a zero output may keep the
+    /// sign of `n · gamma`, `-0.0`).
     ///
     /// # Errors
     ///

@@ -85,8 +85,10 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     fn rms_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError>;
 
     /// Writes the RMS normalisation of every row into `out`, which must have
-    /// the shape of `self` (any layout). Allocates nothing when the rows of
-    /// `self` and `out` and `gamma` are contiguous.
+    /// the shape of `self` (any layout). Allocates nothing when `self` and
+    /// `out` are in standard (row-major) layout and `gamma` contiguous,
+    /// except that a thread's first `f32` call over rows of 17 to 1024 features
+    /// allocates a buffer of at most 16.25 KiB, which the thread keeps.
     ///
     /// # Errors
     ///
@@ -137,7 +139,9 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     fn rms_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError>;
 
     /// Replaces every row by its RMS normalisation. Allocates nothing when
-    /// the rows and `gamma` are contiguous.
+    /// `self` is in standard (row-major) layout and `gamma` contiguous,
+    /// except that a thread's first `f32` call over rows of 17 to 1024 features
+    /// allocates a buffer of at most 16.25 KiB, which the thread keeps.
     ///
     /// # Errors
     ///

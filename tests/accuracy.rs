@@ -308,7 +308,7 @@ fn f32_rms_norm_and_stats_are_within_one_ulp() {
 }
 
 /// `f64`: every output within 2e-15 relative error of the true value
-/// (about nine units in the last place; the promise is 1e-14).
+/// (about nine units in the last place), as the docs promise.
 #[test]
 fn f64_layer_norm_keeps_full_accuracy() {
     let mut rng = Rng(3);

@@ -540,7 +540,7 @@ fn display_texts() {
                 expected: 3,
                 found: 2,
             },
-            "gamma has length 2, expected 3 (the length of the last axis)",
+            "gamma has length 2, expected 3 (the number of features)",
         ),
         (
             NormError::LengthMismatch {
@@ -548,7 +548,7 @@ fn display_texts() {
                 expected: 4,
                 found: 0,
             },
-            "beta has length 0, expected 4 (the length of the last axis)",
+            "beta has length 0, expected 4 (the number of features)",
         ),
         (
             NormError::ShapeMismatch {
@@ -603,7 +603,7 @@ fn display_from_calls() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "beta has length 5, expected 3 (the length of the last axis)"
+        "beta has length 5, expected 3 (the number of features)"
     );
     let e = x.rms_norm_plain(-2.0).unwrap_err();
     assert_eq!(

@@ -37,8 +37,8 @@ use crate::kernel::{cache, transpose_lines, Io, Isa};
 use crate::scalar::NormScalar;
 
 /// Bytes of row data a gather block holds: as many rows as fit, within
-/// [`MIN_BLOCK_ROWS`] and [`MAX_BLOCK_ROWS`] (half the L2 cache of the
-/// development machine). On 64 MiB Fortran-order `f32` arrays done in
+/// [`MIN_BLOCK_ROWS`] and [`MAX_BLOCK_ROWS`] (the L2 cache of one core of
+/// the development machine). On 64 MiB Fortran-order `f32` arrays done in
 /// place, 64-row blocks beat 32-row ones at d = 4096 (each visit to a column
 /// reads 256 bytes instead of 128), while blocks of 256 rows and more were
 /// slower at d = 768.

@@ -55,8 +55,8 @@ Options:
 
 Exit status: 0 if every line was good; 1 if a line was bad (reported as
 'layernorm: line N: ...' on standard error, after the answers to the lines
-before it); 2 if the input could not be read, the output not written, or
-the options are wrong.
+before it); 2 if the input could not be read, the output not written (a
+closed pipe instead ends the run quietly), or the options are wrong.
 ";
 
 fn main() -> ExitCode {
