@@ -239,7 +239,8 @@ impl<D: Dimension> RmsNormStats<D> {
 /// gradients of the same data, rounded. `dγ` and `dβ` add the rows in
 /// blocks of 64 in a fixed order, with the rounding error of every
 /// block's addition kept: the bits do not depend on the memory layout or
-/// on how many threads run the blocks.
+/// on how many threads run the blocks. A sum that overflows on the way is
+/// `±∞`, as plain addition gives.
 ///
 /// A NaN or an infinity in a row of `x` gives NaN in that row of `dx` and
 /// in every element of `dγ` (`dβ` does not depend on `x`); one in `dy`

@@ -720,6 +720,24 @@ fn block_totals_are_compensated() {
     assert_eq!(running, 0.0, "the check would not see a running sum");
 }
 
+// A sum over rows that overflows is ±∞, as IEEE addition gives, not NaN:
+// the compensation must not form ∞ - ∞.
+#[test]
+fn overflowing_parameter_gradients_are_infinite() {
+    let x = array![[0.0_f64, 1.0], [0.0, 1.0], [0.0, 1.0]];
+    let dy = array![[1e308, 1.0], [1e308, 1.0], [-1e308, 1.0]];
+    let grads = x.layer_norm_backward(&dy, &array![1.0, 1.0], 1e-5).unwrap();
+    // Feature 0: dy sums to ∞ on the way (1e308 + 1e308), and n₀ < 0.
+    assert_eq!(grads.dbeta[0], f64::INFINITY);
+    assert_eq!(grads.dgamma[0], f64::NEG_INFINITY);
+    assert_eq!(grads.dbeta[1], 3.0);
+    assert!(grads.dgamma[1].is_finite());
+    let rms = x.rms_norm_backward(&dy, &array![1.0, 1.0], 1e-5).unwrap();
+    // n₀ = 0: every row adds 1e308 · 0 to dγ₀.
+    assert_eq!(rms.dgamma[0], 0.0);
+    assert!(rms.dgamma[1].is_finite());
+}
+
 // ---------------------------------------------------------------------------
 // Errors.
 // ---------------------------------------------------------------------------

@@ -413,7 +413,11 @@ impl ColumnSum {
         for ((high, low), &p) in self.high.iter_mut().zip(&mut self.low).zip(partial) {
             let (sum, err) = two_sum(*high, p);
             *high = sum;
-            *low += err;
+            // An infinite sum has no rounding error to keep: its error term
+            // would be ∞ - ∞, and would turn an overflow into NaN.
+            if sum.is_finite() {
+                *low += err;
+            }
         }
     }
 
