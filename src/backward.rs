@@ -247,7 +247,8 @@ impl<D: Dimension> RmsNormStats<D> {
 /// gives NaN in that row of `dx` and in that feature's element of `dγ` and
 /// `dβ`. With `eps = 0` a constant row has no
 /// derivative: its `dx` is NaN, while `dγ`, `dβ` stay finite (its output
-/// is `β` whatever `γ`).
+/// is `β` whatever `γ`). Without rows (a leading axis of length 0), `dx`
+/// is empty and `dγ`, `dβ` are zeros.
 ///
 /// Implemented for [`ArrayRef`], so every owned array and view has these
 /// methods. The trait is sealed.
