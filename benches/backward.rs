@@ -4,7 +4,11 @@
 //! `cargo bench --bench backward`. Each group reports bytes per second over
 //! those `3 · n · size_of::<A>()` bytes, for
 //! - `copy`: `dx = x + dy` into a buffer allocated once, the floor of the
-//!   `_into` forms, which write into a caller's buffer;
+//!   `_into` forms, which write into a caller's buffer. Its plain stores
+//!   read each line of `dx` before writing it, while the `_into` forms
+//!   write a `dx` of 8 MiB or more, in rows of 2 KiB or more (d = 768 and
+//!   4096 here), with non-temporal stores that do not: there the ratios
+//!   flatter the backward passes by up to 4/3;
 //! - `alloc_copy`: the same into a fresh `Array::zeros`, the floor of the
 //!   allocating forms, which return `dx` in a new array;
 //! - `layer_norm_backward` (statistics recomputed), its `_into` form, and

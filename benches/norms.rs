@@ -8,8 +8,10 @@
 //!
 //! Each group is one operation. Inside it, each benchmark id is
 //! `form/dtype/layout/d`: the forms are `into` (`_into` a preallocated
-//! output), `inplace`, `alloc` (the allocating form), the baseline `copy`
-//! (`copy_from_slice` of the same bytes into a preallocated buffer) and
+//! output), `inplace` (each call on a fresh copy of the input, made outside
+//! the timing), `alloc` (the allocating form), the baseline `copy`
+//! (`copy_from_slice` of the same bytes into a preallocated buffer, split
+//! over the pool as the operations are) and
 //! `naive` (`mean_axis` / `var_axis` / broadcasting). Every input holds
 //! about 4 MiB; the layouts are `c` (contiguous), `step2` (`s![.., ..;2]`
 //! of a twice-as-wide array), `rowstep2` (`s![..;2, ..]` of a twice-as-tall
@@ -21,13 +23,32 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{
-    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+    criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use ndarray::{s, Array1, Array2, ArrayView2, ArrayViewMut2, ShapeBuilder};
 use ndarray_layernorm::prelude::*;
 
 /// Bytes of input per benchmark.
 const INPUT_BYTES: usize = 4 << 20;
+
+/// Elements per task of the parallel copy.
+#[cfg(feature = "rayon")]
+const COPY_CHUNK: usize = 1 << 16;
+
+/// `dst = src`. With the `rayon` feature and more than one thread in the
+/// pool, split into chunks across the pool, as the operations split their
+/// rows: the floor of a parallel operation is a parallel copy.
+fn copy<A: Copy + Send + Sync>(dst: &mut [A], src: &[A]) {
+    #[cfg(feature = "rayon")]
+    if rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        dst.par_chunks_mut(COPY_CHUNK)
+            .zip(src.par_chunks(COPY_CHUNK))
+            .for_each(|(dst, src)| dst.copy_from_slice(src));
+        return;
+    }
+    dst.copy_from_slice(src);
+}
 
 /// Row lengths: a tiny one and the usual model widths.
 const DS: [usize; 4] = [4, 64, 768, 4096];
@@ -110,7 +131,6 @@ fn bench_op<A: Elem>(c: &mut Criterion, op: Op) {
         for layout in [Layout::C, Layout::Step2, Layout::RowStep2, Layout::Fortran] {
             let storage = layout.storage::<A>(rows, d);
             let x = layout.view(&storage);
-            let mut work = storage.clone();
             let id =
                 |form: &str| BenchmarkId::new(form, format!("{}/{}/{d}", A::NAME, layout.name()));
             // The copy moves `x` once each way; so do the norms, while
@@ -121,9 +141,7 @@ fn bench_op<A: Elem>(c: &mut Criterion, op: Op) {
                 _ => copy_bytes,
             };
             group.throughput(Throughput::Bytes(copy_bytes as u64));
-            group.bench_function(id("copy"), |b| {
-                b.iter(|| dst.copy_from_slice(black_box(&src)))
-            });
+            group.bench_function(id("copy"), |b| b.iter(|| copy(&mut dst, black_box(&src))));
             group.throughput(Throughput::Bytes(op_bytes as u64));
             match op {
                 Op::LayerNorm => {
@@ -134,11 +152,11 @@ fn bench_op<A: Elem>(c: &mut Criterion, op: Op) {
                         b.iter(|| x.layer_norm_into(&mut out, &gamma, &beta, eps))
                     });
                     group.bench_function(id("inplace"), |b| {
-                        b.iter(|| {
-                            layout
-                                .view_mut(&mut work)
-                                .layer_norm_inplace(&gamma, &beta, eps)
-                        })
+                        b.iter_batched_ref(
+                            || storage.clone(),
+                            |work| layout.view_mut(work).layer_norm_inplace(&gamma, &beta, eps),
+                            BatchSize::LargeInput,
+                        )
                     });
                     group.bench_function(id("alloc"), |b| {
                         b.iter(|| x.layer_norm(&gamma, &beta, eps))
@@ -152,7 +170,11 @@ fn bench_op<A: Elem>(c: &mut Criterion, op: Op) {
                         b.iter(|| x.rms_norm_into(&mut out, &gamma, eps))
                     });
                     group.bench_function(id("inplace"), |b| {
-                        b.iter(|| layout.view_mut(&mut work).rms_norm_inplace(&gamma, eps))
+                        b.iter_batched_ref(
+                            || storage.clone(),
+                            |work| layout.view_mut(work).rms_norm_inplace(&gamma, eps),
+                            BatchSize::LargeInput,
+                        )
                     });
                     group.bench_function(id("alloc"), |b| b.iter(|| x.rms_norm(&gamma, eps)));
                 }

@@ -80,6 +80,20 @@ fn best(reps: usize, mut f: impl FnMut() -> Duration) -> f64 {
     best
 }
 
+/// The best over `reps` of the time of `batch` calls of `call`, each
+/// result dropped outside the timing.
+fn best_of_batches<R>(reps: usize, batch: usize, call: impl Fn() -> R) -> f64 {
+    best(reps, || {
+        let mut total = Duration::ZERO;
+        for _ in 0..batch {
+            let mut result = None;
+            total += time(|| result = Some(call()));
+            drop(result);
+        }
+        total
+    })
+}
+
 /// Times `f` alone.
 fn time(f: impl FnOnce()) -> Duration {
     let start = Instant::now();
@@ -368,30 +382,22 @@ impl Case<'_> {
             _ => src.to_vec(),
         };
 
+        // The naive code gets the op's repetitions and statistic, and, as
+        // the op's allocating forms, drops its results outside the timing.
+        // It runs on the calling thread: ndarray does not split it.
         let naive_time = |form: Form| -> Option<f64> {
             if !self.naive {
                 return None;
             }
-            // The naive version is slow on large inputs: time it once there.
-            let reps = if len * elem > (16 << 20) {
-                1
-            } else {
-                self.reps.min(3)
-            };
+            let (reps, batch) = (self.reps, self.batch);
             Some(
                 match form {
-                    Form::Stats => best(reps, || {
-                        time(|| (0..self.batch).for_each(|_| drop(naive_stats(x))))
-                    }),
-                    Form::RmsNormInplace | Form::RmsNormInto | Form::RmsNorm => best(reps, || {
-                        time(|| (0..self.batch).for_each(|_| drop(naive_rms_norm(x, &gamma))))
-                    }),
-                    _ => best(reps, || {
-                        time(|| {
-                            (0..self.batch).for_each(|_| drop(naive_layer_norm(x, &gamma, &beta)))
-                        })
-                    }),
-                } / self.batch as f64,
+                    Form::Stats => best_of_batches(reps, batch, || naive_stats(x)),
+                    Form::RmsNormInplace | Form::RmsNormInto | Form::RmsNorm => {
+                        best_of_batches(reps, batch, || naive_rms_norm(x, &gamma))
+                    }
+                    _ => best_of_batches(reps, batch, || naive_layer_norm(x, &gamma, &beta)),
+                } / batch as f64,
             )
         };
         let naive_ln = naive_time(Form::LayerNorm);
@@ -431,6 +437,12 @@ impl Case<'_> {
                 let mut status: Result<(), NormError> = Ok(());
                 let seconds = pool.install(|| {
                     best(self.reps, || {
+                        // Each repetition starts from x again, outside the
+                        // timing: repeated in place, the rows would drift
+                        // (RMSNorm's towards subnormals) from what is timed.
+                        if matches!(form, Form::LayerNormInplace | Form::RmsNormInplace) {
+                            work_view.assign(&x);
+                        }
                         let mut total = Duration::ZERO;
                         for _ in 0..batch {
                             let mut outcome = Ok(None);
