@@ -170,17 +170,8 @@ fn read_time<A: Elem>(src: &[A], reps: usize) -> f64 {
 /// uninitialised one written by it (`to_vec`, and rayon's `collect`, which
 /// writes its parts in place, on several threads).
 fn alloc_copy_time<A: Elem>(src: &[A], reps: usize, batch: usize) -> f64 {
-    let run = |allocate_and_copy: &dyn Fn() -> Array1<A>| {
-        best(reps, || {
-            let mut total = Duration::ZERO;
-            for _ in 0..batch {
-                let mut out = None;
-                total += time(|| out = Some(allocate_and_copy()));
-                drop(out);
-            }
-            total
-        })
-    };
+    let run =
+        |allocate_and_copy: &dyn Fn() -> Array1<A>| best_of_batches(reps, batch, allocate_and_copy);
     let zeroed = |parallel: bool| {
         let mut fresh = Array1::<A>::zeros(src.len());
         if let Some(dst) = fresh.as_slice_mut() {

@@ -668,9 +668,9 @@ impl<V: Vector> Gradient<V> for RmsNormGradient<V> {
 
 /// A rescaled row (see [`RowCentring`]) whose `rstd = inv_std · scale`
 /// overflows although its `dx` need not: its spread (LayerNorm) or root
-/// mean square (RMSNorm) lies below the normal range, with `eps = 0`. `G` forms `dx` with `inv_std` for `rstd`,
-/// and the power of two `scale` comes after, so that `dx` overflows only
-/// where its value does. Wherever `inv_std · scale` is finite, multiplying
+/// mean square (RMSNorm) lies below the normal range, with `eps = 0`. `G`
+/// forms `dx` with `inv_std` for `rstd`, and the power of two `scale` comes
+/// after, so that `dx` overflows only where its value does. Wherever `inv_std · scale` is finite, multiplying
 /// by `scale` first or last gives the same bits, so only these rows take
 /// this form.
 #[derive(Clone, Copy)]
@@ -685,6 +685,43 @@ impl<V: Vector, G: Gradient<V>> Gradient<V> for ScaledLast<G, V> {
     fn apply(self, e: V, g: V) -> (V, V) {
         let (dx, n) = self.gradient.apply(e, g);
         (dx * self.scale, n)
+    }
+}
+
+/// The factor of a row's `dx`, `inv · scale` (`rstd` or `rrms`), where it
+/// is finite; otherwise `inv`, with the `scale` to apply last
+/// ([`ScaledLast`]).
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn dx_factor(inv: f64, scale: f64) -> (f64, Option<f64>) {
+    let factor = inv * scale;
+    if factor.is_finite() {
+        (factor, None)
+    } else {
+        (inv, Some(scale))
+    }
+}
+
+/// [`pass_b`] with `gradient`, and with the scale `last` of [`dx_factor`]
+/// applied after it where there is one.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn scaled_pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    ahead: Ahead,
+    partials: &mut Partials,
+    deviate: E,
+    gradient: G,
+    last: Option<f64>,
+) {
+    match last {
+        None => pass_b::<A, V, E, G, S>(row, dx, ahead, partials, deviate, gradient),
+        Some(scale) => {
+            let gradient = ScaledLast {
+                gradient,
+                scale: V::splat(scale),
+            };
+            pass_b::<A, V, E, _, S>(row, dx, ahead, partials, deviate, gradient);
+        }
     }
 }
 
@@ -1058,23 +1095,15 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
     let d = dx.len() as f64;
     let g_total = g_sum.plain_total();
     let gn_total = (ge_sum.plain_total() - shift * g_total) * inv_std;
-    let rstd = inv_std * scale;
+    let (rstd, last) = dx_factor(inv_std, scale);
     let gradient = LayerNormGradient {
         shift: V::splat(shift),
         inv_std: V::splat(inv_std),
         mean_g: V::splat(g_total / d),
         mean_gn: V::splat(gn_total / d),
-        rstd: V::splat(if rstd.is_finite() { rstd } else { inv_std }),
+        rstd: V::splat(rstd),
     };
-    if rstd.is_finite() {
-        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
-    } else {
-        let gradient = ScaledLast {
-            gradient,
-            scale: V::splat(scale),
-        };
-        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
-    }
+    scaled_pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient, last);
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
@@ -1203,21 +1232,13 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<false>);
     }
     let gn_total = gx_sum.plain_total() * inv_rms;
-    let rrms = inv_rms * scale;
+    let (rrms, last) = dx_factor(inv_rms, scale);
     let gradient = RmsNormGradient {
         inv_rms: V::splat(inv_rms),
         mean_gn: V::splat(gn_total / dx.len() as f64),
-        rrms: V::splat(if rrms.is_finite() { rrms } else { inv_rms }),
+        rrms: V::splat(rrms),
     };
-    if rrms.is_finite() {
-        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
-    } else {
-        let gradient = ScaledLast {
-            gradient,
-            scale: V::splat(scale),
-        };
-        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
-    }
+    scaled_pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient, last);
 }
 
 #[cfg(test)]
