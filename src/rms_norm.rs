@@ -87,8 +87,10 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// Writes the RMS normalisation of every row into `out`, which must have
     /// the shape of `self` (any layout). Allocates nothing when `self` and
     /// `out` are in standard (row-major) layout and `gamma` contiguous,
-    /// except that a thread's first `f32` call over rows of 17 to 1024 features
-    /// allocates a buffer of at most 16.25 KiB, which the thread keeps.
+    /// except that an `f32` call over at least 4 rows of 17 to 1024 features
+    /// converts `gamma` to `f64` into a buffer of at most 8.125 KiB, which the
+    /// calling thread allocates on its first such call and keeps for later
+    /// ones.
     ///
     /// # Errors
     ///
@@ -140,8 +142,10 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
 
     /// Replaces every row by its RMS normalisation. Allocates nothing when
     /// `self` is in standard (row-major) layout and `gamma` contiguous,
-    /// except that a thread's first `f32` call over rows of 17 to 1024 features
-    /// allocates a buffer of at most 16.25 KiB, which the thread keeps.
+    /// except that an `f32` call over at least 4 rows of 17 to 1024 features
+    /// converts `gamma` to `f64` into a buffer of at most 8.125 KiB, which the
+    /// calling thread allocates on its first such call and keeps for later
+    /// ones.
     ///
     /// # Errors
     ///
