@@ -281,6 +281,105 @@ fn token_not_a_number() {
 }
 
 #[test]
+fn gamma_and_beta_must_be_finite() {
+    assert_bad_line(
+        "LN 3 4\n",
+        "GAMMA 1 nan",
+        "GAMMA values must be finite, found \"nan\"",
+    );
+    assert_bad_line(
+        "",
+        "beta 0 -inf",
+        "BETA values must be finite, found \"-inf\"",
+    );
+    // With --keep-going the bad line changes nothing: gamma = 2 stays in
+    // force. LN [1, 2] is ∓0.5 / √(0.25 + 1e-5), times 2.
+    let n = 0.5 / (0.25_f64 + 1e-5).sqrt();
+    assert_eq!(
+        layernorm(&["--keep-going"], b"GAMMA 2 2\nGAMMA 1 inf\nLN 1 2\n"),
+        failed(
+            &fixed4(&[-2.0 * n, 2.0 * n]),
+            "layernorm: line 2: GAMMA values must be finite, found \"inf\"\n",
+            1
+        )
+    );
+}
+
+#[test]
+fn outputs_beyond_the_type_are_bad_lines() {
+    // LN [1, 2] is ∓0.99998; times 1e308 plus 1e308, the second output is
+    // 1.99998e308, beyond f64::MAX (1.797e308); the first, 2e303, is not.
+    assert_bad_line(
+        "GAMMA 1e308 1e308\nBETA 1e308 1e308\n",
+        "LN 1 2",
+        "the output does not fit in f64 (gamma or beta too large)",
+    );
+    // The same in f32 with 3e38 (f32::MAX is 3.4e38).
+    assert_eq!(
+        layernorm(&["--f32"], b"GAMMA 3e38 3e38\nBETA 3e38 3e38\nLN 1 2\n"),
+        failed(
+            "",
+            "layernorm: line 3: the output does not fit in f32 (gamma or beta too large)\n",
+            1
+        )
+    );
+    // A row holding an infinity still prints NaN.
+    assert_eq!(
+        layernorm(&[], b"GAMMA 1e308 1e308\nLN inf 2\n"),
+        ok("NaN NaN\n")
+    );
+}
+
+#[test]
+fn a_byte_order_mark_starts_the_input() {
+    assert_eq!(
+        layernorm(&[], "\u{feff}LN 3 4\n".as_bytes()),
+        ok("-1.0000 1.0000\n")
+    );
+    // Anywhere else it is part of a token.
+    assert_bad_line(
+        "LN 3 4\n",
+        "\u{feff}LN 3 4",
+        "unknown keyword \"\\u{feff}LN\" (expected EPS, GAMMA, BETA, LN or RMS)",
+    );
+}
+
+#[test]
+fn help_into_a_closed_pipe_ends_quietly() {
+    let mut child = Command::new(BIN)
+        .arg("--help")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before the tool has started, so its write finds no reader.
+    drop(child.stdout.take());
+    let run = finish(child.wait_with_output().unwrap());
+    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn help_reports_a_failed_write() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let output = Command::new(BIN)
+        .arg("--help")
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr.starts_with("layernorm: cannot write the output: "),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn invalid_utf8_is_named_byte_by_byte() {
     assert_eq!(
         layernorm(&[], b"LN 3 4\nLN 1 \xff\xfe2\n"),

@@ -43,7 +43,8 @@ tabs, blank lines and lines starting with # skipped):
   LN x1 ... xd      print (x - mean) / sqrt(var + eps) * gamma + beta
   RMS x1 ... xd     print x / sqrt(mean(x^2) + eps) * gamma (no beta)
 Numbers take the decimal and exponent forms, inf and nan; a row holding
-inf or nan prints NaN.
+inf or nan prints NaN. GAMMA and BETA must be finite, and a row whose output
+would not fit in the type (too large a gamma or beta) is a bad line.
 
 Options:
   --precision N   print N decimals (0 to 40; default 4); never -0.0000
@@ -79,10 +80,21 @@ fn complain(message: std::fmt::Arguments<'_>) {
     let _ = writeln!(io::stderr().lock(), "layernorm: {message}");
 }
 
+/// Writes `text` (the help or the version) to standard output, with the
+/// exit status of a run: a closed pipe ends it quietly, any other failure
+/// is reported.
 fn print(text: &str) -> ExitCode {
-    match io::stdout().lock().write_all(text.as_bytes()) {
+    let mut stdout = io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Ok(()) => ExitCode::SUCCESS,
-        Err(_) => ExitCode::from(2),
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            complain(format_args!("cannot write the output: {e}"));
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -50,6 +50,11 @@ enum LineError<'a> {
     EpsCount(usize),
     /// `EPS` with a negative, NaN or infinite value.
     BadEps(&'a [u8]),
+    /// `GAMMA` or `BETA` with a NaN or infinite value.
+    BadParam(Keyword, &'a [u8]),
+    /// An output of a row of finite numbers beyond the type's range (a
+    /// large gamma or beta).
+    Overflow(&'static str),
     /// The row's length differs from a parameter's.
     RowLength {
         keyword: Keyword,
@@ -78,6 +83,13 @@ impl fmt::Display for LineError<'_> {
                 f,
                 "eps must be finite and non-negative, found {}",
                 Quoted(token)
+            ),
+            LineError::BadParam(keyword, token) => {
+                write!(f, "{keyword} values must be finite, found {}", Quoted(token))
+            }
+            LineError::Overflow(name) => write!(
+                f,
+                "the output does not fit in {name} (gamma or beta too large)"
             ),
             LineError::RowLength {
                 keyword,
@@ -163,7 +175,11 @@ impl<A: Value> State<A> {
     /// Handles line `number` (with its terminator). Returns whether
     /// `self.text` holds an output line to write.
     fn line<'a>(&mut self, line: &'a [u8], number: u64) -> Result<bool, LineError<'a>> {
-        let line = parse::content(line);
+        let mut line = parse::content(line);
+        if number == 1 {
+            // A byte-order mark, as some editors write at the start of a file.
+            line = line.strip_prefix("\u{feff}".as_bytes()).unwrap_or(line);
+        }
         let keyword = match parse::parse_line(line, &mut self.values)? {
             Line::Skip => return Ok(false),
             Line::Record(keyword) => keyword,
@@ -181,6 +197,10 @@ impl<A: Value> State<A> {
                 Ok(false)
             }
             Keyword::Gamma | Keyword::Beta => {
+                if let Some(at) = self.values.iter().position(|v| !v.is_finite()) {
+                    let token = parse::tokens(line).nth(at + 1).unwrap_or_default();
+                    return Err(LineError::BadParam(keyword, token));
+                }
                 let param = if keyword == Keyword::Gamma {
                     &mut self.gamma
                 } else {
@@ -194,6 +214,12 @@ impl<A: Value> State<A> {
             Keyword::Ln | Keyword::Rms => {
                 self.check_lengths(keyword)?;
                 self.normalise(keyword).map_err(LineError::Library)?;
+                // Gamma and beta are finite, so an infinite output of a
+                // finite row overflowed.
+                let overflowed = self.out.iter().any(|v| v.is_infinite());
+                if overflowed && self.values.iter().all(|v| v.is_finite()) {
+                    return Err(LineError::Overflow(A::NAME));
+                }
                 self.render();
                 Ok(true)
             }
