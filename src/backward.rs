@@ -243,9 +243,12 @@ impl<D: Dimension> RmsNormStats<D> {
 /// `±∞`, as plain addition gives.
 ///
 /// A NaN or an infinity in a row of `x` gives NaN in that row of `dx` and
-/// in every element of `dγ` (`dβ` does not depend on `x`); one in `dy`
+/// in every element of `dγ` (`dβ` does not depend on `x`). A NaN in `dy`
 /// gives NaN in that row of `dx` and in that feature's element of `dγ` and
-/// `dβ`. With `eps = 0` a constant row has no
+/// `dβ`; an infinity gives NaN or infinities in that row of `dx`, and that
+/// feature's elements of `dγ` and `dβ` are infinite (NaN where infinities
+/// of both signs meet, and in `dγ` where `x̂ = 0`). With `eps = 0` a
+/// constant row has no
 /// derivative: its `dx` is NaN, while `dγ`, `dβ` stay finite (its output
 /// is `β` whatever `γ`). Without rows (a leading axis of length 0), `dx`
 /// is empty and `dγ`, `dβ` are zeros.
@@ -466,7 +469,7 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
 /// accumulation, one rounding per output, `dγ` summed in a fixed block
 /// order. A row holding a NaN or an infinity gives NaN in its row of `dx`
 /// and in `dγ`; with `eps = 0` an all-zero row has no derivative (its `dx`
-/// is NaN, its output 0 whatever `γ`).
+/// is NaN, its output 0 whatever finite `γ`).
 ///
 /// Implemented for [`ArrayRef`]; the trait is sealed.
 pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {

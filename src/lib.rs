@@ -61,7 +61,8 @@
 //!   `n · gamma` and `beta` nearly cancel.
 //! - A row whose elements are all equal gives exactly `beta` (zeros for the
 //!   plain form) for every `eps ≥ 0`; an all-zero row gives zeros under
-//!   RMSNorm. A NaN or infinity poisons its own row only.
+//!   RMSNorm (`0 · gamma`, so where `gamma` is finite). A NaN or infinity
+//!   poisons its own row only.
 //! - The result bits do not depend on the memory layout: C or Fortran
 //!   order, steps, negative strides, broadcast views and `IxDyn` all give the
 //!   same bits.

@@ -33,7 +33,8 @@ use crate::{check, rows, sealed};
 /// output is within one unit in the last place of the exactly rounded
 /// result, an `f64` output within a few. `f64` rows whose squares overflow
 /// or underflow (`1e200`, `1e-200`) are rescaled by a power of two, exactly,
-/// and stay accurate. An all-zero row gives zeros, also with `eps = 0`. A
+/// and stay accurate. An all-zero row gives zeros (`0 · gamma`, so where
+/// `gamma` is finite), also with `eps = 0`. A
 /// row holding a NaN or an infinity gives NaN in that row only. The result
 /// bits do not depend on the memory layout.
 pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {

@@ -120,6 +120,31 @@ fn constant_row_without_eps_has_no_derivative() {
 // so dx = r·[16/25, -12/25]. Directly: y₀ = √2·x₀/√(x₀² + x₁²),
 // ∂y₀/∂x₀ = √2·x₁²/(x₀² + x₁²)^{3/2} = 16√2/125 = r·16/25.
 // dγ = dy ⊙ x̂ = [3r, 0].
+/// An infinity in `dy` makes its feature's sums infinite: `dβ` is the sum
+/// of `dy`, `dγ` that of `dy · x̂`, and `∞ · 0` is NaN where `x̂ = 0`. A NaN
+/// stays in its feature.
+#[test]
+fn infinite_and_nan_gradients_stay_in_their_feature() {
+    // x̂ of [1, 2, 3] is [-√1.5, 0, √1.5] (eps = 0).
+    let x = array![[1.0_f64, 2.0, 3.0], [1.0, 2.0, 3.0]];
+    let gamma = array![1.0, 1.0, 1.0];
+    let dy = array![[f64::INFINITY, f64::INFINITY, 0.0], [0.0, 1.0, 1.0]];
+    let grads = x.layer_norm_backward(&dy, &gamma, 0.0).unwrap();
+    assert_eq!(grads.dbeta[0], f64::INFINITY);
+    assert_eq!(grads.dbeta[1], f64::INFINITY);
+    assert_eq!(grads.dbeta[2], 1.0);
+    assert_eq!(grads.dgamma[0], f64::NEG_INFINITY);
+    assert!(grads.dgamma[1].is_nan());
+    assert!((grads.dgamma[2] - 1.5_f64.sqrt()).abs() < 1e-15);
+    assert!(grads.dx.row(0).iter().all(|v| !v.is_finite()));
+    assert!(grads.dx.row(1).iter().all(|v| v.is_finite()));
+    let dy = array![[f64::NAN, 0.0, 0.0], [0.0, 1.0, 1.0]];
+    let grads = x.layer_norm_backward(&dy, &gamma, 0.0).unwrap();
+    assert!(grads.dgamma[0].is_nan() && grads.dbeta[0].is_nan());
+    assert_eq!(grads.dbeta.slice(s![1..]), array![1.0, 1.0]);
+    assert!(grads.dx.row(0).iter().all(|v| v.is_nan()));
+}
+
 #[test]
 fn rms_norm_closed_form_on_the_seed_row() {
     let x = array![[3.0_f64, 4.0]];
