@@ -548,6 +548,22 @@ fn mixed_non_finite_rows() {
     }
 }
 
+/// One infinity in a row whose finite elements overflow on the way: the
+/// mean is that infinity (the finite elements' overflow meets no infinity
+/// of the other sign), at every row length.
+#[test]
+fn stats_of_an_infinity_next_to_an_overflowing_sum() {
+    for d in [3, 20, 40] {
+        let mut row = vec![1e308_f64; d];
+        row[d - 1] = f64::NEG_INFINITY;
+        let mirrored: Vec<f64> = row.iter().map(|v| -v).collect();
+        let x = ndarray::Array2::from_shape_vec((2, d), [row, mirrored].concat()).unwrap();
+        let (mean, rms) = x.stats().unwrap();
+        assert_eq!(mean.to_vec(), [f64::NEG_INFINITY, f64::INFINITY], "d {d}");
+        assert_eq!(rms.to_vec(), [f64::INFINITY, f64::INFINITY], "d {d}");
+    }
+}
+
 /// `stats` documents IEEE results for rows holding infinities: the squares
 /// of ±inf are +inf, so the rms is +inf whatever the signs.
 #[test]

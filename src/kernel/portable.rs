@@ -907,7 +907,8 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
 /// `(mean, rms)` of one row (`x` non-empty).
 ///
 /// The mean is the compensated sum divided by `d` with an exact remainder,
-/// so it is within about half an ulp of the true mean; the rms is the root
+/// so it is within about half an ulp of the true mean plus about 2⁻¹⁰⁶ of
+/// `Σ |xᵢ| / d` (the compensated sum's own error); the rms is the root
 /// of the blocked square sum (short rows: see [`short::row_stats`]). A row
 /// holding a NaN or an infinity gets IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
@@ -929,8 +930,10 @@ pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64)
     let (sum, squares) = (sum.total_pair(), squares.plain_total());
     let (min, max) = lane_min_max(min, max);
     if !sum.hi.is_finite() && !all_finite(x) {
-        // Plain sums: compensation would turn ∞ - ∞ into NaN.
-        let sum: f64 = x.iter().map(|v| v.widen()).sum();
+        // The sum of the infinities alone: compensation would turn ∞ - ∞
+        // into NaN, and a plain sum of every element could meet an
+        // overflow of finite ones (+∞) before a -∞.
+        let sum: f64 = x.iter().map(|v| v.widen()).filter(|v| !v.is_finite()).sum();
         let squares: f64 = x.iter().map(|v| v.widen() * v.widen()).sum();
         return (sum / d, (squares / d).sqrt());
     }
