@@ -15,7 +15,8 @@ mod sealed {
 /// An element type the normalisations are defined for: `f32` or `f64`.
 ///
 /// All statistics are accumulated in `f64` whatever the element type, so an
-/// `f32` result carries one rounding, at the very end. The trait is sealed:
+/// `f32` result carries a single rounding to `f32`, at the very end. The
+/// trait is sealed:
 /// the accuracy guarantees are proved for these two types only, so no other
 /// crate can implement it.
 ///

@@ -20,7 +20,9 @@ pub trait RowStatsExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ///        d  i=1                 ⎝ d  i=1    ⎠
     /// ```
     ///
-    /// Both are accumulated in `f64` and rounded once: the mean from a
+    /// Both are accumulated in `f64` and then rounded to the element type
+    /// (an `f32` statistic through its `f64` value, so it is within about half
+    /// an ulp, not always correctly rounded): the mean from a
     /// compensated sum divided with an exact remainder, the square sum (whose
     /// terms cannot cancel) from short plain sums, rescaled by a power of two
     /// where `f64` squares would overflow or underflow. The rms
