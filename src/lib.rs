@@ -56,10 +56,10 @@
 //!   rows near the subnormal range (`1e-310`, whatever `eps`), which are
 //!   rescaled by an exact power of two.
 //! - Both rest on the mean, taken from a compensated sum good to about
-//!   2⁻¹⁰⁶ of `Σ |xᵢ|`. On rows whose elements cancel far below that
+//!   `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`. On rows whose elements cancel far below that
 //!   (`[1e20, 1, 1e-20, -1e20, -1]`, mean 2e-21), an output whose element
-//!   lies within about 2⁻⁵⁰ of the row's mean magnitude from the mean can
-//!   lose its relative accuracy.
+//!   lies within about `d · 2⁻⁵³` times the row's mean magnitude of the
+//!   mean can lose its relative accuracy.
 //! - Both hold for the normalised value `n` and for `n · gamma`. A shift
 //!   `beta` is added to `n · gamma` in `f64`, so an output with `beta` is
 //!   also off by up to 2e-15 of `|n · gamma|`: more than an ulp only where

@@ -27,7 +27,7 @@ pub trait RowStatsExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// terms cannot cancel) from short plain sums, rescaled by a power of two
     /// where `f64` squares would overflow or underflow. The rms
     /// is of `x` itself, not of `x - x̄`. The compensated sum is good to about
-    /// 2⁻¹⁰⁶ of `Σ |xᵢ|`: the mean is within about half an ulp unless the
+    /// `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`: the mean is within about half an ulp unless the
     /// row cancels far below that (`[1e20, 1, 1e-20, -1e20, -1]` gives 0,
     /// not 2e-21). A row holding a NaN or an infinity
     /// follows IEEE arithmetic: NaN, or ±∞ where all infinities share a

@@ -12,7 +12,7 @@
 //! LayerNorm statistics use a corrected two-pass scheme:
 //!
 //! 1. The compensated sum `S = Σ xᵢ` (TwoSum in every lane, so `S` is kept
-//!    as an unevaluated pair good to about 2⁻¹⁰⁶ of `Σ |xᵢ|`), and the mean
+//!    as an unevaluated pair good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`), and the mean
 //!    split as `S / d = base + shift`: `base` is the rounded quotient and
 //!    `shift` the exact remainder `(S - d · base) / d` (Dekker's product
 //!    makes `d · base` exact). `shift` is the part of the mean that `base`
@@ -908,7 +908,7 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
 ///
 /// The mean is the compensated sum divided by `d` with an exact remainder,
 /// so it is within about half an ulp of the true mean plus about 2⁻¹⁰⁶ of
-/// `Σ |xᵢ| / d` (the compensated sum's own error); the rms is the root
+/// `Σ |xᵢ|` (the compensated sum's own error over `d`); the rms is the root
 /// of the blocked square sum (short rows: see [`short::row_stats`]). A row
 /// holding a NaN or an infinity gets IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
