@@ -548,6 +548,41 @@ fn mixed_non_finite_rows() {
     }
 }
 
+/// The mean of zeros has the sign of their IEEE sum: negative only when
+/// every zero is, whatever their order.
+#[test]
+fn stats_of_signed_zeros() {
+    for d in [2, 3, 20] {
+        for negatives in 0..=d {
+            for first_negative in [true, false] {
+                let row: Vec<f64> = (0..d)
+                    .map(|j| {
+                        let negative = if first_negative {
+                            j < negatives
+                        } else {
+                            j >= d - negatives
+                        };
+                        if negative {
+                            -0.0
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                let x = ndarray::Array2::from_shape_vec((1, d), row.clone()).unwrap();
+                let (mean, rms) = x.stats().unwrap();
+                let x32 = x.mapv(|v| v as f32);
+                let (mean32, _) = x32.stats().unwrap();
+                let all_negative = negatives == d;
+                assert_eq!(mean[0], 0.0);
+                assert_eq!(mean[0].is_sign_negative(), all_negative, "{row:?}");
+                assert_eq!(mean32[0].is_sign_negative(), all_negative, "{row:?}");
+                assert!(rms[0] == 0.0 && rms[0].is_sign_positive());
+            }
+        }
+    }
+}
+
 /// One infinity in a row whose finite elements overflow on the way: the
 /// mean is that infinity (the finite elements' overflow meets no infinity
 /// of the other sign), at every row length.

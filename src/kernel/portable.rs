@@ -938,7 +938,14 @@ pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64)
         return (sum / d, (squares / d).sqrt());
     }
     if min == max {
-        return (min, min.abs());
+        // Every element equal: the mean is that value, and for zeros the
+        // sign of their IEEE sum, negative only if every zero is.
+        let mean = if min == 0.0 && x.iter().any(|v| v.is_sign_positive()) {
+            0.0
+        } else {
+            min
+        };
+        return (mean, min.abs());
     }
     let magnitude = min.abs().max(max.abs());
     // Rescale where a sum overflowed, the square sum may hold subnormal
