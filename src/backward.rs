@@ -245,9 +245,9 @@ impl<D: Dimension> RmsNormStats<D> {
 /// A NaN or an infinity in a row of `x` gives NaN in that row of `dx` and
 /// in every element of `dγ` (`dβ` does not depend on `x`). A NaN in `dy`
 /// gives NaN in that row of `dx` and in that feature's element of `dγ` and
-/// `dβ`; an infinity gives NaN or infinities in that row of `dx`, and that
-/// feature's elements of `dγ` and `dβ` are infinite (NaN where infinities
-/// of both signs meet, and in `dγ` where `x̂ = 0`). With `eps = 0` a
+/// `dβ`; an infinity gives NaN in that row of `dx` too, but that feature's
+/// elements of `dγ` and `dβ` are infinite (NaN where infinities of both
+/// signs meet, and in `dγ` where `x̂ = 0`). With `eps = 0` a
 /// constant row has no
 /// derivative: its `dx` is NaN, while `dγ`, `dβ` stay finite (its output
 /// is `β` whatever `γ`). Without rows (a leading axis of length 0), `dx`

@@ -670,9 +670,9 @@ impl<V: Vector> Gradient<V> for RmsNormGradient<V> {
 /// overflows although its `dx` need not: its spread (LayerNorm) or root
 /// mean square (RMSNorm) lies below the normal range, with `eps = 0`. `G`
 /// forms `dx` with `inv_std` for `rstd`, and the power of two `scale` comes
-/// after, so that `dx` overflows only where its value does. Wherever `inv_std · scale` is finite, multiplying
-/// by `scale` first or last gives the same bits, so only these rows take
-/// this form.
+/// after, so that `dx` overflows only where its value does. Wherever
+/// `inv_std · scale` is finite, multiplying by `scale` first or last gives
+/// the same bits, so only these rows take this form.
 #[derive(Clone, Copy)]
 struct ScaledLast<G, V> {
     gradient: G,

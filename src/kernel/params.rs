@@ -92,14 +92,13 @@ impl<'a, A: NormScalar> CallParams<'a, A> {
         // Taken out while the call runs: a nested call gets its own.
         let mut wide = KEPT.try_with(Cell::take).unwrap_or_default();
         wide.clear();
-        // Exactly the room needed, not the doubling of `extend`.
-        let beta_count = usize::from(beta.is_some());
-        wide.reserve_exact((1 + beta_count) * (gamma.len() + LANES));
         // Each vector followed by a chunk of zeros: a row's last, partial
         // chunk then reads its parameters with whole loads, wherever it
         // starts (a streamed row's chunks start at its first aligned
         // element).
         let padded = gamma.len() + LANES;
+        // Exactly the room needed, not the doubling of `extend`.
+        wide.reserve_exact(padded * (1 + usize::from(beta.is_some())));
         wide.extend(widened_gain(gamma, one_plus));
         wide.resize(padded, 0.0);
         let beta_at = match beta {

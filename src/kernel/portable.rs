@@ -910,7 +910,8 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
 /// so it is within about half an ulp of the true mean plus about 2⁻¹⁰⁶ of
 /// `Σ |xᵢ|` (the compensated sum's own error over `d`); the rms is the root
 /// of the blocked square sum (short rows: see [`short::row_stats`]). A row
-/// holding a NaN or an infinity gets IEEE semantics: the plain `Σ xᵢ / d` and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
+/// holding a NaN or an infinity gets IEEE semantics: the sum of its
+/// non-finite elements over `d`, and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
