@@ -347,6 +347,78 @@ fn f64_offset_rows_keep_the_noise() {
     }
 }
 
+/// `[0, 1, …, d - 1]` for odd `d`: the middle element is the mean, so its
+/// output is exactly 0 (and its gradient's `x̂` too), though `Σ xᵢ / d`
+/// rounded through `1 / d` misses it for some `d` (`1176 · (1 / 49)` is
+/// `24 - 2⁻⁴⁸`).
+#[test]
+fn the_middle_of_a_symmetric_row_is_exactly_zero() {
+    for d in (3..400).step_by(2) {
+        let row: Vec<f64> = (0..d).map(|i| i as f64).collect();
+        let truth = exact_layer_norm(&row, 1e-5);
+        assert_eq!(truth[d / 2], 0.0);
+        let x = Array2::from_shape_vec((1, d), row.clone()).unwrap();
+        let got = x.layer_norm_plain(1e-5).unwrap();
+        assert_eq!(got[[0, d / 2]].to_bits(), 0, "d {d}: {}", got[[0, d / 2]]);
+        let narrow = x.mapv(|v| v as f32).layer_norm_plain(1e-5).unwrap();
+        assert_eq!(narrow[[0, d / 2]].to_bits(), 0, "f32, d {d}");
+        for (&g, &t) in got.iter().zip(&truth) {
+            assert!(relative(g, t, 0.0) <= F64_TOLERANCE, "d {d}: {g} vs {t}");
+        }
+    }
+}
+
+/// Rows `[v, (d - 1) · v, t, 0, …]` with `t` far below an ulp of `v`: the
+/// sum `d · v + t` is exact, the mean `v + t / d` a hair from the element
+/// `v`, whose output `-t / d / std` needs the mean's tail to its own
+/// accuracy, not to an ulp of the mean. (Where the first rounded quotient
+/// is an ulp off `v`, a split that kept it lost every digit of that
+/// output; this test failed that way before the quotient was moved to the
+/// double nearest the mean.)
+#[test]
+fn an_element_a_hair_from_the_mean_keeps_its_accuracy() {
+    let mut rng = Rng(11);
+    let dims = [3, 5, 6, 7, 11, 13, 17, 49, 100, 1000];
+    for round in 0..60 {
+        for &d in &dims {
+            // A significand of 40 bits (f64) or 12 (f32), so that
+            // `(d - 1) · v` and `d · v` are exact.
+            let bits = if round % 2 == 0 { 40 } else { 12 };
+            let significand = (1u64 << bits) + rng.below(1 << bits);
+            let exponent = rng.below(40) as i32 - 20 - bits;
+            let v = significand as f64 * 2f64.powi(exponent);
+            let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+            let t = sign * v * 2f64.powi(-60 - rng.below(40) as i32);
+            let mut row = vec![0.0; d];
+            row[0] = v;
+            row[1] = (d - 1) as f64 * v;
+            row[2] = t as f32 as f64;
+            let truth = exact_layer_norm(&row, 0.0);
+            if bits == 40 {
+                let got = Array1::from(row.clone()).layer_norm_plain(0.0).unwrap();
+                for (&g, &t) in got.iter().zip(&truth) {
+                    assert!(relative(g, t, 0.0) <= F64_TOLERANCE, "{row:?}: {g} vs {t}");
+                }
+                let (mean, _) = Array2::from_shape_vec((1, d), row.clone())
+                    .unwrap()
+                    .stats()
+                    .unwrap();
+                let (true_mean, _) = exact_stats(&row);
+                assert!(
+                    relative(mean[0], true_mean, 0.0) <= F64_TOLERANCE,
+                    "{row:?}"
+                );
+            } else {
+                let x = Array1::from_iter(row.iter().map(|&v| v as f32));
+                let got = x.layer_norm_plain(0.0).unwrap();
+                for (&g, &t) in got.iter().zip(&truth) {
+                    assert!(f32_ulps(g, t) <= 1.0, "{row:?}: {g} vs {t}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn f64_rows_whose_squares_overflow_or_underflow() {
     let mut rng = Rng(5);

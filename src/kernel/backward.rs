@@ -28,7 +28,8 @@
 //! `Σ gᵢ nᵢ = (Σ gᵢ eᵢ - shift · Σ gᵢ) · inv_std` (RMSNorm:
 //! `Σ gᵢ eᵢ · inv_rms`), where `shift` is below the rounding of the mean,
 //! so the subtraction does not cancel. Pass B forms
-//! `nᵢ = (eᵢ - shift) · inv_std`, the forward kernel's normalised value
+//! `nᵢ = ((xᵢ · scale - nearest) - rest) · inv_std`, the forward kernel's
+//! normalised value from its split of the mean around the double nearest it
 //! (the `scale = 1` multiplication is exact, so it carries the forward
 //! pass's accuracy, also on rows with a large common offset or rescaled
 //! rows), writes `dx` and adds `dyᵢ · nᵢ` (and `dyᵢ`) to the per-feature
@@ -85,9 +86,12 @@ use crate::scalar::NormScalar;
 pub(crate) const BLOCK_ROWS: usize = 64;
 
 /// LayerNorm statistics of one row as backward needs them:
-/// `nᵢ = ((xᵢ · scale - base) - shift) · inv_std`.
+/// `nᵢ = ((xᵢ · scale - nearest) - rest) · inv_std`, with the sums of pass A
+/// taken around `base` (`base + shift = nearest + rest`, the forward
+/// kernel's two splits of the mean).
 ///
-/// A constant row has `base` = its value, `shift = 0`, `scale = 1` and
+/// A constant row has `base = nearest` = its value, `shift = rest = 0`,
+/// `scale = 1` and
 /// `inv_std = 1/√eps` (`+∞` when `eps = 0`); a row holding a NaN or an
 /// infinity is all NaN.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,6 +99,8 @@ pub(crate) struct RowCentring {
     scale: f64,
     base: f64,
     shift: f64,
+    nearest: f64,
+    rest: f64,
     inv_std: f64,
 }
 
@@ -103,6 +109,8 @@ impl RowCentring {
         scale: f64::NAN,
         base: f64::NAN,
         shift: f64::NAN,
+        nearest: f64::NAN,
+        rest: f64::NAN,
         inv_std: f64::NAN,
     };
 
@@ -113,19 +121,28 @@ impl RowCentring {
                 scale,
                 base,
                 shift,
+                nearest,
+                rest,
                 inv_std,
             } => RowCentring {
                 scale,
                 base,
                 shift,
+                nearest,
+                rest,
                 inv_std,
             },
-            Centring::Constant => RowCentring {
-                scale: 1.0,
-                base: x.first().map_or(f64::NAN, |v| v.widen()),
-                shift: 0.0,
-                inv_std: constant_inverse_root(eps),
-            },
+            Centring::Constant => {
+                let value = x.first().map_or(f64::NAN, |v| v.widen());
+                RowCentring {
+                    scale: 1.0,
+                    base: value,
+                    shift: 0.0,
+                    nearest: value,
+                    rest: 0.0,
+                    inv_std: constant_inverse_root(eps),
+                }
+            }
             Centring::NotFinite => Self::NOT_FINITE,
         }
     }
@@ -141,8 +158,10 @@ impl RowCentring {
     }
     /// The bits of every field, for comparisons that must see NaN and -0.
     #[cfg(test)]
-    pub(crate) fn to_bits(self) -> [u64; 4] {
-        [self.scale, self.base, self.shift, self.inv_std].map(f64::to_bits)
+    pub(crate) fn to_bits(self) -> [u64; 6] {
+        let fields = [self.scale, self.base, self.shift, self.nearest, self.rest];
+        let [scale, base, shift, nearest, rest] = fields.map(f64::to_bits);
+        [scale, base, shift, nearest, rest, self.inv_std.to_bits()]
     }
 }
 
@@ -1011,17 +1030,14 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     partials: &mut Partials,
 ) {
     let x = row.0;
-    let (base, shift, magnitude) = match centring_first_pass::<A, V>(x, eps) {
+    let (mean, magnitude) = match centring_first_pass::<A, V>(x, eps) {
         FirstPass::Finished(centring) => {
             let stats = RowCentring::from_centring(x, centring, eps);
             return layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
         }
-        FirstPass::Deviations {
-            base,
-            shift,
-            magnitude,
-        } => (base, shift, magnitude),
+        FirstPass::Deviations { mean, magnitude } => (mean, magnitude),
     };
+    let (base, shift) = (mean.base, mean.shift);
     let deviate = FromBase {
         scale: None,
         base: V::splat(base),
@@ -1038,12 +1054,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
             return layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
         }
     };
-    let stats = RowCentring {
-        scale: 1.0,
-        base,
-        shift,
-        inv_std: inverse_root(var, eps, 1.0),
-    };
+    let stats = RowCentring::from_centring(x, mean.centring(1.0, inverse_root(var, eps, 1.0)), eps);
     layer_norm_pass_b::<A, V, S>(row, dx, stats, (g_sum, ge_sum), ahead, partials);
 }
 
@@ -1081,13 +1092,15 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
 ) {
     let RowCentring {
         scale,
-        base,
         shift,
+        nearest,
+        rest,
         inv_std,
+        ..
     } = stats;
     let deviate = FromBase {
         scale: optional::<V>(scale),
-        base: V::splat(base),
+        base: V::splat(nearest),
     };
     if inv_std.is_infinite() {
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<true>);
@@ -1097,7 +1110,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
     let gn_total = (ge_sum.plain_total() - shift * g_total) * inv_std;
     let (rstd, last) = dx_factor(inv_std, scale);
     let gradient = LayerNormGradient {
-        shift: V::splat(shift),
+        shift: V::splat(rest),
         inv_std: V::splat(inv_std),
         mean_g: V::splat(g_total / d),
         mean_gn: V::splat(gn_total / d),
@@ -1422,11 +1435,11 @@ mod tests {
             .collect();
         let dy: Vec<f64> = (0..d).map(|i| (i % 11) as f64 - 5.0).collect();
         let gain = Gain::Gamma(&vec![1.5; d]).widened();
-        let FirstPass::Deviations { base, shift, .. } =
-            centring_first_pass::<f64, Portable>(&x, 0.0)
+        let FirstPass::Deviations { mean, .. } = centring_first_pass::<f64, Portable>(&x, 0.0)
         else {
             panic!("an ordinary row");
         };
+        let (base, shift) = (mean.base, mean.shift);
         let deviate = FromBase {
             scale: None,
             base: Portable::splat(base),

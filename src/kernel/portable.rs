@@ -12,11 +12,15 @@
 //! LayerNorm statistics use a corrected two-pass scheme:
 //!
 //! 1. The compensated sum `S = Σ xᵢ` (TwoSum in every lane, so `S` is kept
-//!    as an unevaluated pair good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`), and the mean
-//!    split as `S / d = base + shift`: `base` is the rounded quotient and
-//!    `shift` the exact remainder `(S - d · base) / d` (Dekker's product
+//!    as an unevaluated pair good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and exact
+//!    when the row's nonzero magnitudes lie within about `2⁵³ / d²` of each
+//!    other: the error terms are then multiples of the smallest element's
+//!    ulp, and their sums too small to round), and the mean split as
+//!    `S / d = base + shift`: `base` is the rounded quotient and `shift` the
+//!    remainder `(S - d · base) / d`, its numerator exact (Dekker's product
 //!    makes `d · base` exact). `shift` is the part of the mean that `base`
-//!    misses.
+//!    misses. The outputs take the same mean split around the double
+//!    nearest it, `nearest + rest` ([`Split`]).
 //! 2. Deviations are formed as `(xᵢ - base) - shift`. Subtracting the
 //!    correction from the deviation keeps the digits that a rounded
 //!    `base + shift` would throw away (rows like `1e12 + noise`), and
@@ -359,34 +363,95 @@ pub(super) struct Pair {
 }
 
 impl Pair {
-    /// `self / d` as a pair ([`divide_split`]).
+    /// `self / d` split both ways ([`divide_split`]).
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn divide(self, d: f64) -> Pair {
-        let (hi, lo) = divide_split(self.hi, self.lo, d);
-        Pair { hi, lo }
+    fn divide(self, d: f64) -> Split<f64> {
+        divide_split(self.hi, self.lo, d)
     }
 }
 
-/// `(hi + lo) / d` as an unevaluated `q + r`, per lane: the remainder of the
-/// high part is computed exactly (Dekker's product), so the quotient is good
-/// to about 2⁻¹⁰⁴ relative. Requires `|hi| < 2⁹⁹⁰` so that the splitting
-/// cannot overflow.
+/// A quotient `(hi + lo) / d` split two ways, per lane ([`divide_split`]).
+#[derive(Clone, Copy)]
+pub(super) struct Split<T> {
+    /// `hi` times the rounded `1 / d`, within two ulps of the quotient.
+    pub(super) base: T,
+    /// The rest of the quotient beyond `base`, within three roundings.
+    pub(super) shift: T,
+    /// The double nearest the quotient (at a near-tie possibly its
+    /// neighbour across the midpoint).
+    pub(super) nearest: T,
+    /// The rest of the quotient beyond `nearest`, within three roundings.
+    pub(super) rest: T,
+}
+
+impl Split<f64> {
+    /// The centring of a row with this mean (of the row times `scale`).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    pub(super) fn centring(self, scale: f64, inv_std: f64) -> Centring {
+        Centring::Centred {
+            scale,
+            base: self.base,
+            shift: self.shift,
+            nearest: self.nearest,
+            rest: self.rest,
+            inv_std,
+        }
+    }
+}
+
+/// `(hi + lo) / d` as unevaluated sums `base + shift = nearest + rest`,
+/// per lane. Requires `|hi| < 2⁹⁹⁰` so that the splitting cannot overflow.
 ///
-/// `q` is `hi` times the rounded `1 / d`, within two ulps of the quotient
-/// (the same bits when `d` is a power of two), and the remainder makes up
-/// the difference: no division waits on the row's sum (`1 / d` does not
-/// depend on it). The remainder is tiny next to `q`, so multiplying it by
-/// the rounded `1 / d` adds one rounding to a correction that is itself
-/// within two ulps of the quotient.
+/// `base` is `hi` times the rounded `1 / d`, within two ulps of the quotient
+/// (the same bits when `d` is a power of two); no division waits on the
+/// row's sum (`1 / d` does not depend on it). Its remainder `hi - base · d`
+/// is exact: Dekker's product makes `base · d = p + p_err` exactly,
+/// `hi - p` is exact because `p` is within a few ulps of `hi` (Sterbenz),
+/// and the remainder, a few ulps of `hi` in size and a multiple of
+/// `ulp(base)` (for an integer `d` below 2⁵³), needs only a few bits beyond
+/// `log₂ d`. [`split_from_remainder`] takes it from there.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn divide_split<T: Arith>(hi: T, lo: T, d: f64) -> (T, T) {
+pub(super) fn divide_split<T: Arith>(hi: T, lo: T, d: f64) -> Split<T> {
+    let base = hi * T::splat(1.0 / d);
+    let (p, p_err) = two_product(base, T::splat(d));
+    split_from_remainder(base, (hi - p) - p_err, lo, d)
+}
+
+/// The [`Split`] of `(hi + lo) / d` from `base` and the exact
+/// `remainder = hi - base · d`.
+///
+/// Adding `lo` and multiplying by the rounded `1 / d` give `shift`, the
+/// rest of the quotient within three roundings of itself. Sums over the row
+/// are taken around `base`: it is known as soon as the row's sum is, and a
+/// few ulps more or less change none of their accuracy.
+///
+/// The outputs need more near the mean. Where `base` is an ulp off the
+/// double `v` nearest the mean, an element equal to `v` gets
+/// `(v - base) - shift`, two nearly equal terms, and their difference can
+/// be far below the roundings of `shift` (a few 2⁻⁵³ of an ulp): the middle
+/// element of `[0, 1, …, 48]` came out as `4e-31 · inv_std` rather than 0,
+/// since `1176 · (1 / 49)` rounds to `24 - 2⁻⁴⁸`. So the outputs take the
+/// quotient moved once to `nearest = base + shift` rounded, with `rest`
+/// formed the same way from `hi - nearest · d = remainder - (nearest - base) · d`,
+/// exact again: `nearest - base` is a few ulps of `base` (Sterbenz), its
+/// product with `d` needs a few bits beyond `log₂ d`, and the difference is
+/// the remainder of a quotient within a few ulps, as above. An element other
+/// than `nearest` then lies at least about `|rest|` from the mean, and one
+/// equal to it gets `-rest`: both keep the relative accuracy of `rest`.
+/// Where `base` is already nearest, `nearest - base` is `+0` and the two
+/// splits have the same bits.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn split_from_remainder<T: Arith>(base: T, remainder: T, lo: T, d: f64) -> Split<T> {
     let reciprocal = T::splat(1.0 / d);
-    let q = hi * reciprocal;
-    let (p, p_err) = two_product(q, T::splat(d));
-    // hi - p is exact: p is within a few ulps of hi, so within a factor of
-    // two (Sterbenz).
-    let remainder = ((hi - p) - p_err) + lo;
-    (q, remainder * reciprocal)
+    let shift = (remainder + lo) * reciprocal;
+    let nearest = base + shift;
+    let moved = (nearest - base) * T::splat(d);
+    Split {
+        base,
+        shift,
+        nearest,
+        rest: ((remainder - moved) + lo) * reciprocal,
+    }
 }
 
 /// Veltkamp's split: `a == hi + lo` with both halves of 26 bits or fewer.
@@ -621,11 +686,15 @@ pub(super) fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
 /// What the output pass of LayerNorm needs for one row.
 #[derive(Clone, Copy)]
 pub(super) enum Centring {
-    /// `nᵢ = ((xᵢ · scale - base) - shift) · inv_std`.
+    /// `nᵢ = ((xᵢ · scale - nearest) - rest) · inv_std`, the sums over the
+    /// row taken around `base` (with `base + shift = nearest + rest` the
+    /// mean of the scaled row, [`Split`]).
     Centred {
         scale: f64,
         base: f64,
         shift: f64,
+        nearest: f64,
+        rest: f64,
         inv_std: f64,
     },
     /// Every element equal (and finite): `nᵢ = 0` exactly.
@@ -711,10 +780,13 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
         return None;
     }
     let var = (mean_square - shift * shift).max(0.0);
+    // The certificate covers the outputs of this split itself.
     Some(Centring::Centred {
         scale: 1.0,
         base,
         shift,
+        nearest: base,
+        rest: shift,
         inv_std: inverse_root(var, eps, 1.0),
     })
 }
@@ -724,11 +796,8 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
 pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
     match centring_first_pass::<A, V>(x, eps) {
         FirstPass::Finished(centring) => centring,
-        FirstPass::Deviations {
-            base,
-            shift,
-            magnitude,
-        } => {
+        FirstPass::Deviations { mean, magnitude } => {
+            let Split { base, shift, .. } = mean;
             let d = x.len() as f64;
             let squares = centred_square_sum_with::<A, V, _>(x, Unscaled, base, 0.0);
             let var = match variance(squares, d, shift, eps) {
@@ -738,12 +807,7 @@ pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Cen
                 }
                 Variance::Rescale => return rescaled_centring::<A, V>(x, eps, magnitude),
             };
-            Centring::Centred {
-                scale: 1.0,
-                base,
-                shift,
-                inv_std: inverse_root(var, eps, 1.0),
-            }
+            mean.centring(1.0, inverse_root(var, eps, 1.0))
         }
     }
 }
@@ -752,12 +816,8 @@ pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Cen
 pub(super) enum FirstPass {
     /// The statistics, without further passes over the unscaled row.
     Finished(Centring),
-    /// The mean split `base + shift`: the deviations `xᵢ - base` come next.
-    Deviations {
-        base: f64,
-        shift: f64,
-        magnitude: f64,
-    },
+    /// The mean's [`Split`]: the deviations `xᵢ - base` come next.
+    Deviations { mean: Split<f64>, magnitude: f64 },
 }
 
 /// Pass 1 of [`exact_centring`]: the compensated sum with the extremes, and
@@ -776,13 +836,8 @@ pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -
     }
     let magnitude = spread_.magnitude();
     if spread_.sum.hi.is_finite() && (TINY_MAGNITUDE..HUGE_MAGNITUDE).contains(&magnitude) {
-        let Pair {
-            hi: base,
-            lo: shift,
-        } = spread_.sum.divide(x.len() as f64);
         return FirstPass::Deviations {
-            base,
-            shift,
+            mean: spread_.sum.divide(x.len() as f64),
             magnitude,
         };
     }
@@ -840,10 +895,8 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
     scale: Option<f64>,
 ) -> Option<Centring> {
     let d = x.len() as f64;
-    let Pair {
-        hi: base,
-        lo: shift,
-    } = sum.divide(d);
+    let mean = sum.divide(d);
+    let Split { base, shift, .. } = mean;
     let squares = centred_square_sum_with::<A, V, L>(x, load, base, 0.0);
     if scale.is_none() && (!squares.is_finite() || (squares < TINY_SQUARES && eps < EPS_HIDES_TINY))
     {
@@ -856,12 +909,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
         centred_square_sum_with::<A, V, L>(x, load, base, shift) / d
     };
     let scale = scale.unwrap_or(1.0);
-    Some(Centring::Centred {
-        scale,
-        base,
-        shift,
-        inv_std: inverse_root(var, eps, scale),
-    })
+    Some(mean.centring(scale, inverse_root(var, eps, scale)))
 }
 
 /// RMSNorm scale of one row (`x` non-empty): `nᵢ = xᵢ · scale · inv_rms`,
@@ -956,8 +1004,8 @@ pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64)
         && squares.is_finite()
         && squares >= TINY_SQUARES
     {
-        let mean = sum.divide(d);
-        return (mean.hi + mean.lo, (squares / d).sqrt());
+        // `nearest` is `base + shift` rounded.
+        return (sum.divide(d).nearest, (squares / d).sqrt());
     }
     rescaled_row_stats::<A, V>(x, magnitude)
 }
@@ -969,7 +1017,7 @@ fn rescaled_row_stats<A: NormScalar, V: Vector>(x: &[A], magnitude: f64) -> (f64
     let scale = scale_towards_one(magnitude);
     let mean = spread::<A, V, _>(x, Scaled(scale)).sum.divide(d);
     let squares = square_sum::<A, V, _>(x, Scaled(scale));
-    ((mean.hi + mean.lo) / scale, (squares / d).sqrt() / scale)
+    (mean.nearest / scale, (squares / d).sqrt() / scale)
 }
 
 /// Normalisation of one vector of inputs (a struct, not a closure, for the
@@ -1328,21 +1376,22 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
     match centring {
         Centring::Centred {
             scale,
-            base,
-            shift,
+            nearest,
+            rest,
             inv_std,
+            ..
         } => {
             if scale == 1.0 {
                 let centre = Centre::<V> {
-                    base: V::splat(base),
-                    shift: V::splat(shift),
+                    base: V::splat(nearest),
+                    shift: V::splat(rest),
                     inv_std: V::splat(inv_std),
                 };
                 write_row(io, params, centre);
             } else {
                 let norm = Centre {
-                    base,
-                    shift,
+                    base: nearest,
+                    shift: rest,
                     inv_std,
                 };
                 write_elements(io, params.affine, ScaledInput { scale, norm });

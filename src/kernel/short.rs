@@ -61,8 +61,8 @@
 
 use super::portable::{
     centring as long_centring, divide_split, general_row_stats,
-    rms_scaling as portable_rms_scaling, two_sum, write_layer_norm, write_rms_norm, Centring,
-    EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
+    rms_scaling as portable_rms_scaling, split_from_remainder, two_sum, write_layer_norm,
+    write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{cache, Affine, Io, Params};
@@ -110,11 +110,12 @@ fn centred_square<T: Arith>(x: T, base: T, shift: T) -> T {
 ///
 /// With `exact_quotient` ([`quotient_is_exact`]) the split skips Dekker's
 /// products, for the same bits: `hi · (1 / d)` is then exact, so the product
-/// `q · d` of [`divide_split`] is `hi` itself, its error term is `+0`, and the
-/// remainder is `((hi - hi) - 0) + lo = +0 + lo`. (Where `hi` is infinite or
-/// NaN, `lo` is NaN, and so is the remainder either way.)
+/// `base · d` of [`divide_split`] is `hi` itself, its error term is `+0`, and
+/// the exact remainder handed to [`split_from_remainder`] is
+/// `(hi - hi) - 0 = +0`. (Where `hi` is infinite or NaN, `lo` is NaN, and so
+/// is the rest of the quotient either way.)
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn mean_split<T: Arith>(columns: &[T], exact_quotient: bool) -> (T, T, T, T) {
+fn mean_split<T: Arith>(columns: &[T], exact_quotient: bool) -> (Split<T>, T, T) {
     let first = columns.first().copied().unwrap_or(T::splat(0.0));
     let (mut high, mut low, mut min, mut max) = (first, T::splat(0.0), first, first);
     for &x in columns.iter().skip(1) {
@@ -126,13 +127,12 @@ fn mean_split<T: Arith>(columns: &[T], exact_quotient: bool) -> (T, T, T, T) {
     }
     let (high, low) = two_sum(high, low);
     let d = columns.len() as f64;
-    let (base, shift) = if exact_quotient {
-        let reciprocal = T::splat(1.0 / d);
-        (high * reciprocal, (T::splat(0.0) + low) * reciprocal)
+    let split = if exact_quotient {
+        split_from_remainder(high * T::splat(1.0 / d), T::splat(0.0), low, d)
     } else {
         divide_split(high, low, d)
     };
-    (base, shift, min, max)
+    (split, min, max)
 }
 
 /// Whether [`mean_split`] may divide a short row of `d` elements of `A`
@@ -253,15 +253,16 @@ struct LayerNormOp<'a, A> {
     eps: f64,
 }
 
-/// LayerNorm statistics of short rows of `A`: `(base, shift, inv_std,
-/// check)`.
+/// LayerNorm statistics of short rows of `A`: `(mean, inv_std, check)`.
+/// The squares are summed around `base + shift`, the outputs take
+/// `nearest + rest` ([`Split`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_stats<A, T: Arith>(columns: &[T], eps: f64) -> (T, T, T, Check<T>) {
+fn layer_norm_stats<A, T: Arith>(columns: &[T], eps: f64) -> (Split<T>, T, Check<T>) {
     let exact_quotient = quotient_is_exact::<A>(columns.len());
-    let (base, shift, min, max) = mean_split(columns, exact_quotient);
-    let squares = square_sum(columns, base, shift);
+    let (mean, min, max) = mean_split(columns, exact_quotient);
+    let squares = square_sum(columns, mean.base, mean.shift);
     let inv_std = inverse_root(squares, columns.len(), eps);
-    (base, shift, inv_std, [base, min, max, squares])
+    (mean, inv_std, [mean.base, min, max, squares])
 }
 
 /// The statistics of one short row as the long-row kernel's [`Centring`],
@@ -270,18 +271,13 @@ fn layer_norm_stats<A, T: Arith>(columns: &[T], eps: f64) -> (T, T, T, Check<T>)
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Option<Centring> {
     let (values, d) = widened(x);
-    let (base, shift, inv_std, check) = layer_norm_stats::<A, f64>(values.get(..d)?, eps);
+    let (mean, inv_std, check) = layer_norm_stats::<A, f64>(values.get(..d)?, eps);
     let op = LayerNormOp::<A> {
         params: Affine::Identity.into(),
         eps,
     };
     match op.verdict(check, d) {
-        Verdict::Normalised => Some(Centring::Centred {
-            scale: 1.0,
-            base,
-            shift,
-            inv_std,
-        }),
+        Verdict::Normalised => Some(mean.centring(1.0, inv_std)),
         Verdict::Constant => Some(Centring::Constant),
         Verdict::General => None,
     }
@@ -315,9 +311,10 @@ fn widened<A: NormScalar>(x: &[A]) -> ([f64; SHORT_ROW], usize) {
 impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
-        let (base, shift, inv_std, check) = layer_norm_stats::<A, T>(columns, self.eps);
+        let (mean, inv_std, check) = layer_norm_stats::<A, T>(columns, self.eps);
+        let Split { nearest, rest, .. } = mean;
         for (j, (out, &x)) in outputs.iter_mut().zip(columns).enumerate() {
-            *out = affine_element(((x - base) - shift) * inv_std, self.params.affine, j);
+            *out = affine_element(((x - nearest) - rest) * inv_std, self.params.affine, j);
         }
         check
     }
@@ -798,15 +795,16 @@ fn fill_constant<A: NormScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d
 pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
     let (values, d) = widened(x);
     let columns = values.get(..d).unwrap_or(&[]);
-    let (base, shift, min, max) = mean_split(columns, quotient_is_exact::<A>(d));
+    let (mean, min, max) = mean_split(columns, quotient_is_exact::<A>(d));
     let squares = square_sum(columns, 0.0, 0.0);
-    let fits = base.is_finite()
+    let fits = mean.base.is_finite()
         && min != max
         && min.abs().max(max.abs()) < HUGE_MAGNITUDE
         && squares.is_finite()
         && squares >= TINY_SQUARES;
     if fits {
-        (base + shift, (squares / d as f64).sqrt())
+        // `nearest` is `base + shift` rounded.
+        (mean.nearest, (squares / d as f64).sqrt())
     } else {
         // The long-row kernel handles every special row; the vector type
         // is irrelevant for a row this short.
@@ -868,7 +866,13 @@ mod tests {
                     .collect();
                 let quick = mean_split(&row, true);
                 let dekker = mean_split(&row, false);
-                let parts = [(quick.0, dekker.0), (quick.1, dekker.1)];
+                let (quick, dekker) = (quick.0, dekker.0);
+                let parts = [
+                    (quick.base, dekker.base),
+                    (quick.shift, dekker.shift),
+                    (quick.nearest, dekker.nearest),
+                    (quick.rest, dekker.rest),
+                ];
                 for (quick, dekker) in parts {
                     assert!(
                         quick.to_bits() == dekker.to_bits() || (quick.is_nan() && dekker.is_nan()),
