@@ -364,7 +364,9 @@ fn the_middle_of_a_symmetric_row_is_exactly_zero() {
         assert_eq!(narrow[[0, d / 2]].to_bits(), 0, "f32, d {d}");
         // One row: dγⱼ = dyⱼ · x̂ⱼ.
         let ones = Array2::ones((1, d));
-        let grads = x.layer_norm_backward(&ones, &Array1::ones(d), 1e-5).unwrap();
+        let grads = x
+            .layer_norm_backward(&ones, &Array1::ones(d), 1e-5)
+            .unwrap();
         assert_eq!(grads.dgamma[d / 2].to_bits(), 0, "dγ, d {d}");
         for (&g, &t) in got.iter().zip(&truth) {
             assert!(relative(g, t, 0.0) <= F64_TOLERANCE, "d {d}: {g} vs {t}");
