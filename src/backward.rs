@@ -269,6 +269,7 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
     ///   of the last axis.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -339,6 +340,7 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ///   of the last axis.
     /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
     ///   were computed for an input of another shape.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -485,6 +487,7 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::LengthMismatch`] if `gamma` does not have the length
     ///   of the last axis.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -550,6 +553,7 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ///   of the last axis.
     /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
     ///   were computed for an input of another shape.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -670,14 +674,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
     ) -> Result<LayerNormGrads<A, D>, NormError> {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         let eps = check::eps(eps)?;
-        Ok(layer_norm_grads(
-            self,
-            dy,
-            d,
-            Gain::Gamma(&gamma),
-            None,
-            eps,
-        ))
+        layer_norm_grads(self, dy, d, Gain::Gamma(&gamma), None, eps)
     }
 
     fn layer_norm_train(
@@ -693,12 +690,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
         let beta = check::feature_vector(Operand::Beta, beta, d)?;
         let eps = check::eps(eps)?;
-        Ok(layer_norm_train(
-            self,
-            d,
-            Affine::ScaleShift(&gamma, &beta),
-            eps,
-        ))
+        layer_norm_train(self, d, Affine::ScaleShift(&gamma, &beta), eps)
     }
 
     fn layer_norm_backward_with_stats(
@@ -712,14 +704,14 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::shape_of(Operand::Stats, self, &stats.input_shape)?;
-        Ok(layer_norm_grads(
+        layer_norm_grads(
             self,
             dy,
             d,
             Gain::Gamma(&gamma),
             Some(&in_row_order(&stats.rows)),
             0.0,
-        ))
+        )
     }
 
     fn layer_norm_backward_into(
@@ -777,7 +769,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
     ) -> Result<RmsNormGrads<A, D>, NormError> {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         let eps = check::eps(eps)?;
-        Ok(rms_norm_grads(self, dy, d, Gain::Gamma(&gamma), None, eps))
+        rms_norm_grads(self, dy, d, Gain::Gamma(&gamma), None, eps)
     }
 
     fn rms_norm_train(
@@ -791,7 +783,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
         let eps = check::eps(eps)?;
-        Ok(rms_norm_train(self, d, Gain::Gamma(&gamma), eps))
+        rms_norm_train(self, d, Gain::Gamma(&gamma), eps)
     }
 
     fn rms_norm_backward_with_stats(
@@ -805,14 +797,14 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::shape_of(Operand::Stats, self, &stats.input_shape)?;
-        Ok(rms_norm_grads(
+        rms_norm_grads(
             self,
             dy,
             d,
             Gain::Gamma(&gamma),
             Some(&in_row_order(&stats.rows)),
             0.0,
-        ))
+        )
     }
 
     fn rms_norm_backward_into(
@@ -896,15 +888,15 @@ pub(crate) fn layer_norm_train<A: NormScalar, D: RemoveAxis>(
     d: usize,
     affine: Affine<'_, A>,
     eps: f64,
-) -> (Array<A, D>, LayerNormStats<D::Smaller>) {
+) -> Trained<A, D, LayerNormStats<D::Smaller>> {
     let (y, rows) = train_rows(x, d, RowCentring::NOT_FINITE, |isa, x, y, stats| {
         kernel::layer_norm_train_block(isa, x, y, d, affine, eps, stats)
-    });
+    })?;
     let stats = LayerNormStats {
         input_shape: x.shape().to_vec(),
         rows,
     };
-    (y, stats)
+    Ok((y, stats))
 }
 
 /// RMSNorm of `x` (validated, rows of length `d`) with its statistics.
@@ -913,16 +905,19 @@ pub(crate) fn rms_norm_train<A: NormScalar, D: RemoveAxis>(
     d: usize,
     gain: Gain<'_, A>,
     eps: f64,
-) -> (Array<A, D>, RmsNormStats<D::Smaller>) {
+) -> Trained<A, D, RmsNormStats<D::Smaller>> {
     let (y, rows) = train_rows(x, d, RowScaling::NOT_FINITE, |isa, x, y, stats| {
         kernel::rms_norm_train_block(isa, x, y, d, gain.affine(), eps, stats)
-    });
+    })?;
     let stats = RmsNormStats {
         input_shape: x.shape().to_vec(),
         rows,
     };
-    (y, stats)
+    Ok((y, stats))
 }
+
+/// A normalised array with what the training forward pass keeps of it.
+type Trained<A, D, S> = Result<(Array<A, D>, S), NormError>;
 
 /// The LayerNorm gradients of validated arguments, from `saved` statistics
 /// or, without them, from statistics computed with `eps`.
@@ -933,11 +928,11 @@ pub(crate) fn layer_norm_grads<A: NormScalar, D: Dimension>(
     gain: Gain<'_, A>,
     saved: Option<&[RowCentring]>,
     eps: f64,
-) -> LayerNormGrads<A, D> {
+) -> Result<LayerNormGrads<A, D>, NormError> {
     let (dx, (dgamma, dbeta)) = fresh::array_and(x.raw_dim(), |dx| {
         layer_norm_grads_into(x, dy, Dx::Fresh(dx), d, gain, saved, eps)
-    });
-    LayerNormGrads { dx, dgamma, dbeta }
+    })?;
+    Ok(LayerNormGrads { dx, dgamma, dbeta })
 }
 
 /// The array that backward writes `dx` into (validated, of the input's
@@ -980,11 +975,11 @@ pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
     gain: Gain<'_, A>,
     saved: Option<&[RowScaling]>,
     eps: f64,
-) -> RmsNormGrads<A, D> {
+) -> Result<RmsNormGrads<A, D>, NormError> {
     let (dx, dgamma) = fresh::array_and(x.raw_dim(), |dx| {
         rms_norm_grads_into(x, dy, Dx::Fresh(dx), d, gain, saved, eps)
-    });
-    RmsNormGrads { dx, dgamma }
+    })?;
+    Ok(RmsNormGrads { dx, dgamma })
 }
 
 /// [`rms_norm_grads`] with `dx` written into `dx`; returns `dgamma`.
@@ -1024,10 +1019,10 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy + Send>(
     d: usize,
     placeholder: T,
     block: impl Fn(Isa, &[A], &mut [A], &mut [T]) + Sync,
-) -> (Array<A, D>, Array<T, D::Smaller>) {
+) -> Trained<A, D, Array<T, D::Smaller>> {
     let isa = Isa::detect();
     let leading = x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)));
-    let mut stats = Array::from_elem(leading, placeholder);
+    let mut stats = fresh::filled(leading, placeholder)?;
     let y = fresh::array(x.raw_dim(), |y| {
         // Each block writes only its own rows and statistics: any thread may
         // compute it.
@@ -1063,8 +1058,8 @@ fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy + Send>(
                 *slot = row;
             }
         }
-    });
-    (y, stats)
+    })?;
+    Ok((y, stats))
 }
 
 /// The block callback of [`backward_blocks`]: `(isa, first_row, inputs, dx,
@@ -1334,8 +1329,8 @@ mod tests {
                 .build()
                 .unwrap();
             pool.install(|| {
-                let grads = layer_norm_grads(&x, &dy, d, Gain::Gamma(&gain), None, 1e-5);
-                let rms = rms_norm_grads(&x, &dy, d, Gain::OnePlus(&gain), None, 0.0);
+                let grads = layer_norm_grads(&x, &dy, d, Gain::Gamma(&gain), None, 1e-5).unwrap();
+                let rms = rms_norm_grads(&x, &dy, d, Gain::OnePlus(&gain), None, 0.0).unwrap();
                 let bits = |a: &[f64]| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 [
                     bits(grads.dx.as_slice().unwrap()),

@@ -87,6 +87,15 @@ pub enum NormError {
         /// The rejected value.
         eps: f64,
     },
+    /// The memory for a new result array could not be had: more bytes than
+    /// an allocation may hold, or more than the allocator would give (as
+    /// for a broadcast view of a vast shape). Nothing was computed.
+    OutOfMemory {
+        /// The number of elements of the result.
+        elements: usize,
+        /// The size of one element in bytes.
+        element_size: usize,
+    },
 }
 
 impl NormError {
@@ -125,6 +134,13 @@ impl fmt::Display for NormError {
             NormError::InvalidEps { eps } => {
                 write!(f, "eps must be finite and non-negative, found {eps}")
             }
+            NormError::OutOfMemory {
+                elements,
+                element_size,
+            } => write!(
+                f,
+                "cannot allocate the result: {elements} elements of {element_size} bytes"
+            ),
         }
     }
 }

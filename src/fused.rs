@@ -6,6 +6,7 @@ use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
+use crate::fresh::Fresh;
 use crate::kernel::backward::BLOCK_ROWS;
 use crate::kernel::{self, Affine, CallParams, Io, Isa};
 use crate::scalar::NormScalar;
@@ -39,6 +40,7 @@ pub trait AddNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::LengthMismatch`] if `gamma` or `beta` does not have the
     ///   length of the last axis.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -104,6 +106,7 @@ pub trait AddNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::LengthMismatch`] if `gamma` does not have the length of
     ///   the last axis.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -164,9 +167,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
         let params = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, self.len());
-        Ok(add_norm(self, residual, d, |isa, io| {
+        add_norm(self, residual, d, |isa, io| {
             kernel::layer_norm_rows(isa, io, 1, params.params(), eps)
-        }))
+        })
     }
 
     fn add_layer_norm_inplace(
@@ -178,9 +181,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<Array<A, D>, NormError> {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
         let params = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, self.len());
-        Ok(add_norm_inplace(self, residual, d, |isa, io| {
+        add_norm_inplace(self, residual, d, |isa, io| {
             kernel::layer_norm_rows(isa, io, 1, params.params(), eps)
-        }))
+        })
     }
 
     fn add_rms_norm(
@@ -191,9 +194,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
-        Ok(add_norm(self, residual, d, |isa, io| {
+        add_norm(self, residual, d, |isa, io| {
             kernel::rms_norm_rows(isa, io, 1, params.params(), eps)
-        }))
+        })
     }
 
     fn add_rms_norm_inplace(
@@ -204,9 +207,9 @@ impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<Array<A, D>, NormError> {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
-        Ok(add_norm_inplace(self, residual, d, |isa, io| {
+        add_norm_inplace(self, residual, d, |isa, io| {
             kernel::rms_norm_rows(isa, io, 1, params.params(), eps)
-        }))
+        })
     }
 }
 
@@ -248,16 +251,21 @@ fn add_row<A: NormScalar>(x: &[A], r: &[A], h: &mut [A]) {
     }
 }
 
+/// `(y, h)`: the normalisation of `h = x + residual`, and `h`.
+type NormAndSum<A, D> = (Array<A, D>, Array<A, D>);
+
 /// Returns `(norm(x + residual), x + residual)`, one row at a time.
 fn add_norm<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     residual: &ArrayRef<A, D>,
     d: usize,
     norm: impl Fn(Isa, Io<'_, A>),
-) -> (Array<A, D>, Array<A, D>) {
+) -> Result<NormAndSum<A, D>, NormError> {
     let isa = Isa::detect();
-    let (y, h) = fresh::array_and(x.raw_dim(), |y| {
-        fresh::array(x.raw_dim(), |h| {
+    // Both arrays are had before either is written.
+    let (y, h) = (Fresh::new(x.raw_dim())?, Fresh::new(x.raw_dim())?);
+    Ok(y.fill_and(|y| {
+        h.fill(|h| {
             let mut xs = RowBlocks::new(x, d);
             let mut rs = RowBlocks::new(residual, d);
             let mut ys = RowBlocksMut::new(y, d);
@@ -284,8 +292,7 @@ fn add_norm<A: NormScalar, D: Dimension>(
                 }
             }
         })
-    });
-    (y, h)
+    }))
 }
 
 /// Writes `x + residual` over `residual` and returns its normalisation, one
@@ -295,7 +302,7 @@ fn add_norm_inplace<A: NormScalar, D: Dimension>(
     residual: &mut ArrayRef<A, D>,
     d: usize,
     norm: impl Fn(Isa, Io<'_, A>),
-) -> Array<A, D> {
+) -> Result<Array<A, D>, NormError> {
     let isa = Isa::detect();
     fresh::array(x.raw_dim(), |y| {
         let mut xs = RowBlocks::new(x, d);

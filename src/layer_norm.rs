@@ -60,6 +60,7 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::LengthMismatch`] if `gamma` or `beta` does not have the
     ///   length of the last axis.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -90,6 +91,7 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::ZeroDimensional`] if the array has no axis.
     /// - [`NormError::EmptyAxis`] if the last axis has length 0.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -222,18 +224,18 @@ impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
     ) -> Result<Array<A, D>, NormError> {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         let (params, eps) = (args.params(self.len()), args.eps);
-        Ok(rows::map_rows(self, args.d, |isa, io, rows| {
+        rows::map_rows(self, args.d, |isa, io, rows| {
             kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
-        }))
+        })
     }
 
     fn layer_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
-        Ok(rows::map_rows(self, d, |isa, io, rows| {
+        rows::map_rows(self, d, |isa, io, rows| {
             kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
-        }))
+        })
     }
 
     fn layer_norm_into(

@@ -94,7 +94,9 @@
 //! Bad input never panics: every method returns a [`NormError`] for a
 //! `gamma`/`beta`/output of the wrong length or shape, an empty last axis,
 //! a 0-dimensional array or an `eps` that is negative or not finite. Leading
-//! axes of length 0 are fine and give an empty result.
+//! axes of length 0 are fine and give an empty result. A result that cannot
+//! be allocated (of a broadcast view of a vast shape, say) is
+//! [`NormError::OutOfMemory`] rather than an aborted process.
 
 #![doc(test(attr(deny(warnings))))]
 

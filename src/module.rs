@@ -243,6 +243,7 @@ impl<A: NormScalar> LayerNorm<A> {
     /// - [`NormError::EmptyAxis`] if its last axis has length 0.
     /// - [`NormError::LengthMismatch`] if its last axis does not have the
     ///   layer's length.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -261,9 +262,9 @@ impl<A: NormScalar> LayerNorm<A> {
     pub fn forward<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<Array<A, D>, NormError> {
         let args = self.args(x)?;
         let params = CallParams::new(args.affine(), args.d, x.len());
-        Ok(rows::map_rows(x, args.d, |isa, io, rows| {
+        rows::map_rows(x, args.d, |isa, io, rows| {
             kernel::layer_norm_rows(isa, io, rows, params.params(), args.eps)
-        }))
+        })
     }
 
     /// Normalises every row as [`forward`](Self::forward) does (the same
@@ -292,12 +293,7 @@ impl<A: NormScalar> LayerNorm<A> {
         x: &ArrayRef<A, D>,
     ) -> Result<(Array<A, D>, LayerNormStats<D::Smaller>), NormError> {
         let args = self.args(x)?;
-        Ok(backward::layer_norm_train(
-            x,
-            args.d,
-            args.affine(),
-            args.eps,
-        ))
+        backward::layer_norm_train(x, args.d, args.affine(), args.eps)
     }
 
     /// The gradients for input `x`, output gradient `dy` and the statistics
@@ -316,6 +312,7 @@ impl<A: NormScalar> LayerNorm<A> {
     ///   layer's length.
     /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
     ///   were computed for an input of another shape.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -339,14 +336,14 @@ impl<A: NormScalar> LayerNorm<A> {
     ) -> Result<LayerNormGrads<A, D>, NormError> {
         let (d, gamma) = backward::backward_args(x, dy, &self.gamma)?;
         backward::check_layer_norm_stats(x, stats)?;
-        Ok(backward::layer_norm_grads(
+        backward::layer_norm_grads(
             x,
             dy,
             d,
             Gain::Gamma(&gamma),
             Some(&backward::in_row_order(stats.rows())),
             0.0,
-        ))
+        )
     }
 
     /// Validates `x` against the layer, in the order the errors are
@@ -603,6 +600,7 @@ impl<A: NormScalar> RmsNorm<A> {
     /// - [`NormError::EmptyAxis`] if its last axis has length 0.
     /// - [`NormError::LengthMismatch`] if its last axis does not have the
     ///   layer's length.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -617,9 +615,9 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn forward<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<Array<A, D>, NormError> {
         let (d, weights, eps) = self.args(x)?;
         let params = CallParams::new(self.gain(&weights).affine(), d, x.len());
-        Ok(rows::map_rows(x, d, |isa, io, rows| {
+        rows::map_rows(x, d, |isa, io, rows| {
             kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
-        }))
+        })
     }
 
     /// Normalises every row as [`forward`](Self::forward) does (the same
@@ -648,7 +646,7 @@ impl<A: NormScalar> RmsNorm<A> {
         x: &ArrayRef<A, D>,
     ) -> Result<(Array<A, D>, RmsNormStats<D::Smaller>), NormError> {
         let (d, weights, eps) = self.args(x)?;
-        Ok(backward::rms_norm_train(x, d, self.gain(&weights), eps))
+        backward::rms_norm_train(x, d, self.gain(&weights), eps)
     }
 
     /// The gradients for input `x`, output gradient `dy` and the statistics
@@ -666,6 +664,7 @@ impl<A: NormScalar> RmsNorm<A> {
     ///   layer's length.
     /// - [`NormError::ShapeMismatch`] with [`Operand::Stats`] if `stats`
     ///   were computed for an input of another shape.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -689,14 +688,14 @@ impl<A: NormScalar> RmsNorm<A> {
     ) -> Result<RmsNormGrads<A, D>, NormError> {
         let (d, weights) = backward::backward_args(x, dy, &self.gamma)?;
         backward::check_rms_norm_stats(x, stats)?;
-        Ok(backward::rms_norm_grads(
+        backward::rms_norm_grads(
             x,
             dy,
             d,
             self.gain(&weights),
             Some(&backward::in_row_order(stats.rows())),
             0.0,
-        ))
+        )
     }
 
     /// Validates `x` against the layer, in the order the errors are

@@ -48,6 +48,7 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::LengthMismatch`] if `gamma` does not have the length of
     ///   the last axis.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -70,6 +71,7 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// - [`NormError::ZeroDimensional`] if the array has no axis.
     /// - [`NormError::EmptyAxis`] if the last axis has length 0.
     /// - [`NormError::InvalidEps`] if `eps` is negative, NaN or infinite.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -191,18 +193,18 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
     fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError> {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
-        Ok(rows::map_rows(self, d, |isa, io, rows| {
+        rows::map_rows(self, d, |isa, io, rows| {
             kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
-        }))
+        })
     }
 
     fn rms_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
         let d = check::row_length(self)?;
         let eps = check::eps(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
-        Ok(rows::map_rows(self, d, |isa, io, rows| {
+        rows::map_rows(self, d, |isa, io, rows| {
             kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
-        }))
+        })
     }
 
     fn rms_norm_into(

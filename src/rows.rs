@@ -22,6 +22,7 @@ use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis};
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
 
+use crate::error::NormError;
 use crate::fresh;
 use crate::kernel::{cache, Io, Isa};
 use crate::scalar::NormScalar;
@@ -120,7 +121,7 @@ pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     d: usize,
     kernel: impl Fn(Isa, Io<'_, A>, usize) + Sync,
-) -> Array<A, D> {
+) -> Result<Array<A, D>, NormError> {
     fresh::array(x.raw_dim(), |out| map_rows_with(x, out, d, false, kernel))
 }
 
@@ -200,19 +201,22 @@ pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
     strided::map_in_place(x.view_mut().into_dyn(), &on_rows);
 }
 
+/// Two arrays of one result per row.
+type RowResults<A, S> = (Array<A, S>, Array<A, S>);
+
 /// Applies `reduce` to every row of `x`, collecting the two results in
 /// arrays of the leading shape.
 pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
     x: &ArrayRef<A, D>,
     reduce: impl Fn(Isa, &[A]) -> (A, A) + Sync,
-) -> (Array<A, D::Smaller>, Array<A, D::Smaller>) {
+) -> Result<RowResults<A, D::Smaller>, NormError> {
     let isa = Isa::detect();
     let reduce = |row: &[A]| reduce(isa, row);
     let last = Axis(x.ndim() - 1);
     let d = x.len_of(last);
     let leading = x.raw_dim().remove_axis(last);
-    let mut first = Array::zeros(leading.clone());
-    let mut second = Array::zeros(leading);
+    let mut first = fresh::filled(leading.clone(), A::zero())?;
+    let mut second = fresh::filled(leading, A::zero())?;
     if let (Some(input), Some(a), Some(b)) =
         (x.as_slice(), first.as_slice_mut(), second.as_slice_mut())
     {
@@ -235,10 +239,10 @@ pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
                 .zip(a.par_chunks_mut(group))
                 .zip(b.par_chunks_mut(group))
                 .for_each(|((input, a), b)| rows(input, a, b));
-            return (first, second);
+            return Ok((first, second));
         }
         rows(input, a, b);
-        return (first, second);
+        return Ok((first, second));
     }
     strided::reduce(
         x.view().into_dyn(),
@@ -246,5 +250,5 @@ pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
         second.view_mut().into_dyn(),
         &reduce,
     );
-    (first, second)
+    Ok((first, second))
 }

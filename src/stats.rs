@@ -37,6 +37,7 @@ pub trait RowStatsExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ///
     /// - [`NormError::ZeroDimensional`] if the array has no axis.
     /// - [`NormError::EmptyAxis`] if the last axis has length 0.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
     ///
     /// # Examples
     ///
@@ -62,9 +63,9 @@ impl<A: NormScalar, D: Dimension> RowStatsExt<A, D> for ArrayRef<A, D> {
         D: RemoveAxis,
     {
         check::row_length(self)?;
-        Ok(rows::reduce_rows(self, |isa, row| {
+        rows::reduce_rows(self, |isa, row| {
             let (mean, rms) = kernel::row_stats(isa, row);
             (A::narrow(mean), A::narrow(rms))
-        }))
+        })
     }
 }

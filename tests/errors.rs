@@ -914,3 +914,69 @@ proptest! {
         never_panics(&case)?;
     }
 }
+
+/// A broadcast view of a vast shape: every allocating form reports
+/// `OutOfMemory` instead of aborting the process. The results would take
+/// 2⁵⁰ bytes (beyond the address space of a 64-bit process today, so no
+/// allocator can give them, whatever it overcommits) or, at 2⁶⁵ bytes,
+/// more than an allocation may hold.
+#[test]
+fn vast_results_are_out_of_memory() {
+    let row = Array1::<f32>::from_shape_fn(16, |j| j as f32);
+    let (gamma, beta) = (Array1::ones(16), Array1::zeros(16));
+    let x = row.broadcast((1usize << 44, 16)).unwrap();
+    let rows_out = NormError::OutOfMemory {
+        elements: 1 << 48,
+        element_size: 4,
+    };
+    assert_eq!(x.layer_norm(&gamma, &beta, 1e-5).unwrap_err(), rows_out);
+    assert_eq!(x.layer_norm_plain(1e-5).unwrap_err(), rows_out);
+    assert_eq!(x.rms_norm(&gamma, 1e-5).unwrap_err(), rows_out);
+    assert_eq!(x.rms_norm_plain(1e-5).unwrap_err(), rows_out);
+    assert_eq!(
+        x.add_layer_norm(&x, &gamma, &beta, 1e-5).unwrap_err(),
+        rows_out
+    );
+    assert_eq!(x.add_rms_norm(&x, &gamma, 1e-5).unwrap_err(), rows_out);
+    assert_eq!(
+        x.layer_norm_backward(&x, &gamma, 1e-5).unwrap_err(),
+        rows_out
+    );
+    assert_eq!(x.rms_norm_backward(&x, &gamma, 1e-5).unwrap_err(), rows_out);
+    assert!(matches!(
+        x.layer_norm_train(&gamma, &beta, 1e-5),
+        Err(NormError::OutOfMemory { .. })
+    ));
+    assert!(matches!(
+        x.rms_norm_train(&gamma, 1e-5),
+        Err(NormError::OutOfMemory { .. })
+    ));
+    let layer = ndarray_layernorm::LayerNorm::<f32>::new(16);
+    assert_eq!(layer.forward(&x).unwrap_err(), rows_out);
+    let layer = ndarray_layernorm::RmsNorm::<f32>::new(16);
+    assert_eq!(layer.forward(&x).unwrap_err(), rows_out);
+    assert_eq!(
+        rows_out.to_string(),
+        "cannot allocate the result: 281474976710656 elements of 4 bytes"
+    );
+
+    // `stats` allocates the leading shape only: rows of one element.
+    let column = Array1::<f32>::ones(1);
+    let tall = column.broadcast((1usize << 48, 1)).unwrap();
+    let stats_out = NormError::OutOfMemory {
+        elements: 1 << 48,
+        element_size: 4,
+    };
+    assert_eq!(tall.stats().unwrap_err(), stats_out);
+
+    // 2⁶² elements of 8 bytes overflow any allocation's size.
+    let wide = Array1::<f64>::ones(2);
+    let overflow = wide.broadcast((1usize << 61, 2)).unwrap();
+    assert_eq!(
+        overflow.layer_norm_plain(0.0).unwrap_err(),
+        NormError::OutOfMemory {
+            elements: 1 << 62,
+            element_size: 8,
+        }
+    );
+}
