@@ -84,7 +84,7 @@ pub(crate) fn array<A: NormScalar, D: Dimension>(
     Ok(Fresh::new(shape)?.fill(fill))
 }
 
-/// [`array`], with what `fill` returns.
+/// [`array()`], with what `fill` returns.
 pub(crate) fn array_and<A: NormScalar, D: Dimension, R>(
     shape: D,
     fill: impl FnOnce(&mut ArrayRef<A, D>) -> R,

@@ -40,12 +40,11 @@ use crate::{check, rows, sealed};
 /// `beta`, added to `n · gamma` in `f64`, the output is also off by up to
 /// 2e-15 of `|n · gamma|`, which exceeds an ulp only where the two nearly
 /// cancel. The mean's sum is exact whenever the row's nonzero magnitudes lie
-/// within about `2⁵³ / d²` of each other (and in many rows beyond), and then
+/// within about `2⁵³ / d²` of each other (and in other rows too), and then
 /// every output keeps these bounds, also at the mean itself; otherwise it is
-/// good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and on rows that both mix
-/// magnitudes and cancel (`[1e20, 1, 1e-20, -1e20, -1]`) an output whose
-/// element lies within about `d · 2⁻⁵³` times the row's mean magnitude of
-/// the mean can lose its relative accuracy. A row whose
+/// good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and an output whose element lies
+/// within about `d · 2⁻⁵³` times the row's mean magnitude of the mean can
+/// lose its relative accuracy (`[1e20, 1, 1e-20, -1e20, -1]`). A row whose
 /// elements are all equal gives exactly `beta`, for every `eps ≥ 0`. A row
 /// holding a NaN or an infinity gives NaN in that row only. The result bits
 /// do not depend on the memory layout.

@@ -56,16 +56,14 @@
 //!   rows near the subnormal range (`1e-310`, whatever `eps`), which are
 //!   rescaled by an exact power of two.
 //! - Both rest on the mean, taken from a compensated sum good to about
-//!   `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and exact wherever its error terms add up
-//!   without rounding: always when the row's nonzero magnitudes lie within
-//!   about `2⁵³ / d²` of each other, and in other rows too, as
-//!   `[v, 48 v, -1e-40, 0, …]`, whose only inexact addition is that of the
-//!   tiny element. Where the sum is exact, every output keeps these bounds,
-//!   also that of an element at or a hair from the mean (the middle of
-//!   `[0, 1, …, 48]` comes out exactly 0). Where a row both mixes magnitudes
-//!   and cancels (`[1e20, 1, 1e-20, -1e20, -1]`, mean 2e-21), an output
-//!   whose element lies within about `d · 2⁻⁵³` times the row's mean
-//!   magnitude of the mean can lose its relative accuracy.
+//!   `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and exact whenever the row's nonzero magnitudes
+//!   lie within about `2⁵³ / d²` of each other, and in other rows too.
+//!   Where the sum is exact, every output keeps these bounds, also that of
+//!   an element at or a hair from the mean (the middle of `[0, 1, …, 48]`
+//!   comes out exactly 0). Where it is not, an output whose element lies
+//!   within about `d · 2⁻⁵³` times the row's mean magnitude of the mean can
+//!   lose its relative accuracy (in `[1e20, 1, 1e-20, -1e20, -1]`, mean
+//!   2e-21, the middle output comes out 25% high).
 //! - Both hold for the normalised value `n` and for `n · gamma`. A shift
 //!   `beta` is added to `n · gamma` in `f64`, so an output with `beta` is
 //!   also off by up to 2e-15 of `|n · gamma|`: more than an ulp only where

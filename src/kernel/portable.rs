@@ -21,10 +21,11 @@
 //!    makes `d · base` exact). `shift` is the part of the mean that `base`
 //!    misses. The outputs take the same mean split around the double
 //!    nearest it, `nearest + rest` ([`Split`]).
-//! 2. Deviations are formed as `(xᵢ - base) - shift`. Subtracting the
-//!    correction from the deviation keeps the digits that a rounded
-//!    `base + shift` would throw away (rows like `1e12 + noise`), and
-//!    outputs near zero keep their relative accuracy.
+//! 2. Deviations are formed as `(xᵢ - base) - shift` for the sums, and as
+//!    `(xᵢ - nearest) - rest` for the outputs. Subtracting the correction
+//!    from the deviation keeps the digits that a rounded mean would throw
+//!    away (rows like `1e12 + noise`), and, with `nearest`, outputs near
+//!    zero keep their relative accuracy.
 //! 3. `var = Σ (xᵢ - base)² / d - shift²` with a compensated square sum.
 //!    Because `shift` is tiny next to the spread this subtraction does not
 //!    cancel; on the rare rows where it would (`shift²` above 2⁻²⁰ of
@@ -688,7 +689,8 @@ pub(super) fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
 pub(super) enum Centring {
     /// `nᵢ = ((xᵢ · scale - nearest) - rest) · inv_std`, the sums over the
     /// row taken around `base` (with `base + shift = nearest + rest` the
-    /// mean of the scaled row, [`Split`]).
+    /// mean of the scaled row, [`Split`]; the certified `f32` path has one
+    /// split, its own, for both).
     Centred {
         scale: f64,
         base: f64,
@@ -1497,13 +1499,13 @@ mod tests {
         let mut out = vec![0.0; x.len()];
         match centring(x) {
             Centring::Centred {
-                base,
-                shift,
+                nearest,
+                rest,
                 inv_std,
                 ..
             } => {
                 for (y, &v) in out.iter_mut().zip(x) {
-                    *y = (((v as f64 - base) - shift) * inv_std) as f32;
+                    *y = (((v as f64 - nearest) - rest) * inv_std) as f32;
                 }
             }
             _ => panic!("not a centred row"),

@@ -12,10 +12,12 @@
 //! 2. the mean split as `S / d = base + shift` with Dekker's exact remainder,
 //!    as in the long-row kernel (formed without its products where they
 //!    cannot change it: `f32` rows whose length is a power of two);
+//!    and its second split `nearest + rest` around the double nearest the
+//!    mean ([`Split`]);
 //! 3. the sum of `((xᵢ - base) - shift)²` (of `xᵢ²` for RMSNorm) in four
 //!    partial sums: its terms are never negative, so it needs no compensation;
-//! 4. outputs `((xᵢ - base) - shift) · inv_std` (`xᵢ · inv_rms`), times `γᵢ`
-//!    plus `βᵢ`, each rounded once to the element type.
+//! 4. outputs `((xᵢ - nearest) - rest) · inv_std` (`xᵢ · inv_rms`), times
+//!    `γᵢ` plus `βᵢ`, each rounded once to the element type.
 //!
 //! Rows that need care (a NaN or an infinity, all elements equal, `f64`
 //! squares that overflow or underflow, an all-zero row under RMSNorm with
