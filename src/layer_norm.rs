@@ -36,12 +36,15 @@ use crate::{check, rows, sealed};
 /// true value (relative error at most 2e-15 against an exact reference),
 /// also for outputs near zero, for rows with a large common offset
 /// (`1e12 + noise`), for rows whose squares overflow or underflow
-/// (`1e200`, `1e-200`) and for rows near the subnormal range. With a shift
-/// `beta`, added to `n · gamma` in `f64`, the output is also off by up to
-/// 2e-15 of `|n · gamma|`, which exceeds an ulp only where the two nearly
-/// cancel. The mean's sum is exact whenever the row's nonzero magnitudes lie
+/// (`1e200`, `1e-200`) and for rows near the subnormal range (where values
+/// below the normal range, outputs or `n` itself, are good to two units of
+/// 2⁻¹⁰⁷⁴). With a shift `beta`, added to `n · gamma` in `f64`, the output
+/// is also off by up to 2e-15 of `|n · gamma|` (`f32` rows: about
+/// `(d / 32 + 8) · 2⁻⁵³` of it), which exceeds an ulp only where the two
+/// nearly cancel. The mean's sum is exact whenever the row's nonzero magnitudes lie
 /// within about `2⁵³ / d²` of each other (and in other rows too), and then
-/// every output keeps these bounds, also at the mean itself; otherwise it is
+/// every output keeps these bounds, also at the mean itself (unless the mean
+/// lies below the normal range while the elements do not); otherwise it is
 /// good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and an output whose element lies
 /// within about `d · 2⁻⁵³` times the row's mean magnitude of the mean can
 /// lose its relative accuracy (`[1e20, 1, 1e-20, -1e20, -1]`). A row whose

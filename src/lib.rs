@@ -54,7 +54,11 @@
 //!   near zero, on rows with a large common offset (`1e12 + noise`), on
 //!   rows whose squares overflow or underflow (`1e200`, `1e-200`) and on
 //!   rows near the subnormal range (`1e-310`, whatever `eps`), which are
-//!   rescaled by an exact power of two.
+//!   rescaled by an exact power of two. Values below the normal range are
+//!   held to multiples of 2⁻¹⁰⁷⁴: such an output, or such an `n` before
+//!   `gamma` scales it, is good to two of those units, and a mean that small
+//!   in a row whose elements are not (`[1e-60, -1e-60, 1.5e-323, 0]`) costs
+//!   the outputs near it their accuracy.
 //! - Both rest on the mean, taken from a compensated sum good to about
 //!   `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and exact whenever the row's nonzero magnitudes
 //!   lie within about `2⁵³ / d²` of each other, and in other rows too.
@@ -67,7 +71,9 @@
 //! - Both hold for the normalised value `n` and for `n · gamma`. A shift
 //!   `beta` is added to `n · gamma` in `f64`, so an output with `beta` is
 //!   also off by up to 2e-15 of `|n · gamma|`: more than an ulp only where
-//!   `n · gamma` and `beta` nearly cancel.
+//!   `n · gamma` and `beta` nearly cancel. For `f32` rows, whose `f64` `n`
+//!   is good to about `(d / 32 + 8) · 2⁻⁵³`, the bound is that times
+//!   `|n · gamma|` (above 2e-15 from about d = 350).
 //! - A row whose elements are all equal gives exactly `beta` (zeros for the
 //!   plain form) for every `eps ≥ 0`; an all-zero row gives zeros under
 //!   RMSNorm (`0 · gamma`, so where `gamma` is finite). A NaN or infinity

@@ -347,6 +347,34 @@ fn f64_offset_rows_keep_the_noise() {
     }
 }
 
+/// An `eps` near `f64::MAX` next to a variance of 1e306: `var + eps`
+/// overflows although both are finite, and once made every output 0.
+#[test]
+fn f64_eps_whose_sum_with_the_variance_overflows() {
+    for &d in &[1, 2, 3, 5, 16, 17, 18, 100] {
+        for &eps in &[f64::MAX, 1.7e308, f64::MAX / 2.0] {
+            let row: Vec<f64> = (0..d)
+                .map(|i| if i % 2 == 0 { 1e153 } else { -9e152 })
+                .collect();
+            let x = Array1::from(row.clone());
+            let got = x.layer_norm_plain(eps).unwrap();
+            for (&g, &t) in got.iter().zip(&exact_layer_norm(&row, eps)) {
+                assert!(
+                    relative(g, t, 0.0) <= F64_TOLERANCE,
+                    "d {d} eps {eps}: {g} vs {t}"
+                );
+            }
+            let got = x.rms_norm_plain(eps).unwrap();
+            for (&g, &t) in got.iter().zip(&exact_rms_norm(&row, eps)) {
+                assert!(
+                    relative(g, t, 0.0) <= F64_TOLERANCE,
+                    "RMS d {d} eps {eps}: {g} vs {t}"
+                );
+            }
+        }
+    }
+}
+
 /// `[0, 1, …, d - 1]` for odd `d`: the middle element is the mean, so its
 /// output is exactly 0 (and its gradient's `x̂` too), though `Σ xᵢ / d`
 /// rounded through `1 / d` misses it for some `d` (`1176 · (1 / 49)` is

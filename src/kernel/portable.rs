@@ -674,6 +674,10 @@ pub(super) fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
         let denominator = mean_square + scaled_eps;
         if denominator == 0.0 {
             0.0
+        } else if denominator.is_infinite() {
+            // Two finite terms whose sum overflows (`eps` near `f64::MAX`):
+            // quartered, both exactly, the sum fits.
+            0.5 / (mean_square * 0.25 + scaled_eps * 0.25).sqrt()
         } else {
             1.0 / denominator.sqrt()
         }

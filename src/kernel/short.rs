@@ -249,6 +249,26 @@ fn squares_floor(eps: f64) -> f64 {
     }
 }
 
+/// The largest square sum that [`ShortOp::all_normalised`] passes:
+/// `squares · (1 / d) + eps` cannot overflow while both terms are at most
+/// `f64::MAX / 2`, and a larger `eps` sends every block to the verdict of
+/// each row.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn squares_ceiling(eps: f64) -> f64 {
+    if eps <= f64::MAX / 2.0 {
+        f64::MAX / 2.0
+    } else {
+        f64::NEG_INFINITY
+    }
+}
+
+/// Whether `squares · (1 / d) + eps`, the short kernel's denominator, is
+/// finite and not zero.
+fn denominator_fits(squares: f64, d: usize, eps: f64) -> bool {
+    let denominator = squares * (1.0 / d as f64) + eps;
+    denominator != 0.0 && denominator.is_finite()
+}
+
 #[derive(Clone, Copy)]
 struct LayerNormOp<'a, A> {
     params: Params<'a, A>,
@@ -322,7 +342,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn verdict(self, [base, min, max, squares]: [f64; 4], _d: usize) -> Verdict {
+    fn verdict(self, [base, min, max, squares]: [f64; 4], d: usize) -> Verdict {
         let magnitude = min.abs().max(max.abs());
         if !base.is_finite() || magnitude >= HUGE_MAGNITUDE {
             Verdict::General
@@ -330,7 +350,10 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
             Verdict::Constant
         } else if magnitude < TINY_MAGNITUDE {
             Verdict::General
-        } else if squares.is_finite() && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY) {
+        } else if squares.is_finite()
+            && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
+            && denominator_fits(squares, d, self.eps)
+        {
             Verdict::Normalised
         } else {
             Verdict::General
@@ -342,7 +365,8 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
         // Each test implies its clause of `verdict`: `max - min > 0` (so
         // `min != max`), a magnitude of at least `TINY_MAGNITUDE` (which
         // no `f32` row comes below), and squares that are finite and,
-        // unless `eps` hides them, not tiny.
+        // unless `eps` hides them, not tiny, nor so large that the
+        // denominator could overflow (its zero needs `min == max`).
         all_moderate(base, min, max)
             && (max - min).all_within(f64::from_bits(1), f64::INFINITY)
             && (size_of::<A>() == size_of::<f32>()
@@ -350,7 +374,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
                     .abs()
                     .max_select(max.abs())
                     .all_within(TINY_MAGNITUDE, f64::INFINITY))
-            && squares.all_within(squares_floor(self.eps), f64::MAX)
+            && squares.all_within(squares_floor(self.eps), squares_ceiling(self.eps))
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -412,7 +436,7 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     fn verdict(self, [squares, ..]: [f64; 4], d: usize) -> Verdict {
         let fits = squares.is_finite()
             && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
-            && squares * (1.0 / d as f64) + self.eps != 0.0;
+            && denominator_fits(squares, d, self.eps);
         if fits {
             Verdict::Normalised
         } else {
@@ -424,8 +448,9 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     fn all_normalised<V: Vector>(self, [squares, ..]: Check<V>) -> bool {
         // Finite squares, not tiny unless `eps` hides them; either way
         // `squares · (1 / d) + eps` is then positive, since `eps` is
-        // finite and not negative (checked before any kernel runs).
-        squares.all_within(squares_floor(self.eps), f64::MAX)
+        // finite and not negative (checked before any kernel runs), and
+        // finite below the ceiling.
+        squares.all_within(squares_floor(self.eps), squares_ceiling(self.eps))
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
