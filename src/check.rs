@@ -9,13 +9,43 @@ use crate::error::{NormError, Operand};
 use crate::scalar::NormScalar;
 
 /// The length `d` of the last axis, which every row has.
+///
+/// Rows that are not contiguous are gathered a block of up to
+/// [`GATHER_ROWS`] at a time into working memory: where that block is
+/// large, it is reserved here once and released, so that a row too long to
+/// gather (a broadcast view of a vast row, say) gives
+/// [`NormError::OutOfMemory`] before anything is written, rather than an
+/// aborted process later. (A reservation that succeeds here could still
+/// fail later under memory pressure; one of more bytes than the address
+/// space holds cannot.)
 pub(crate) fn row_length<A, D: Dimension>(x: &ArrayRef<A, D>) -> Result<usize, NormError> {
-    match x.shape().last() {
-        None => Err(NormError::ZeroDimensional),
-        Some(0) => Err(NormError::EmptyAxis),
-        Some(&d) => Ok(d),
+    let d = match x.shape().last() {
+        None => return Err(NormError::ZeroDimensional),
+        Some(0) => return Err(NormError::EmptyAxis),
+        Some(&d) => d,
+    };
+    let contiguous_rows = d == 1 || x.strides().last() == Some(&1);
+    let rows = x.len() / d;
+    let gathered = rows.min(GATHER_ROWS).saturating_mul(d);
+    if !contiguous_rows && gathered.saturating_mul(size_of::<A>()) > RESERVE_CHECK_BYTES {
+        let mut probe = Vec::<A>::new();
+        probe
+            .try_reserve_exact(gathered)
+            .map_err(|_| NormError::OutOfMemory {
+                elements: gathered,
+                element_size: size_of::<A>(),
+            })?;
     }
+    Ok(d)
 }
+
+/// The most rows a block of gathered rows holds (the row walks use at most
+/// 64).
+const GATHER_ROWS: usize = 64;
+
+/// Working memory above this many bytes is reserved once by
+/// [`row_length`] before a call starts.
+const RESERVE_CHECK_BYTES: usize = 64 << 20;
 
 /// `eps` widened to `f64`, if it is finite and non-negative.
 pub(crate) fn eps<A: NormScalar>(eps: A) -> Result<f64, NormError> {
@@ -43,7 +73,17 @@ pub(crate) fn feature_vector<'a, A: NormScalar>(
     }
     Ok(match v.as_slice() {
         Some(slice) => Cow::Borrowed(slice),
-        None => Cow::Owned(v.to_vec()),
+        None => {
+            // Gathered once; a broadcast view of a vast length cannot be.
+            let mut copy = Vec::new();
+            copy.try_reserve_exact(d)
+                .map_err(|_| NormError::OutOfMemory {
+                    elements: d,
+                    element_size: size_of::<A>(),
+                })?;
+            copy.extend(v.iter().copied());
+            Cow::Owned(copy)
+        }
     })
 }
 

@@ -74,7 +74,8 @@ pub enum NormError {
         operand: Operand,
         /// The input's shape.
         expected: Vec<usize>,
-        /// The operand's shape.
+        /// The operand's shape (for [`Operand::Stats`], the shape of the
+        /// input the statistics were computed for).
         found: Vec<usize>,
     },
     /// The last axis has length 0, so a row has no mean or scale.
@@ -87,9 +88,11 @@ pub enum NormError {
         /// The rejected value.
         eps: f64,
     },
-    /// The memory for a new result array could not be had: more bytes than
-    /// an allocation may hold, or more than the allocator would give (as
-    /// for a broadcast view of a vast shape). Nothing was computed.
+    /// The memory for a new result array, or for the working memory a call
+    /// needs (a block of gathered rows, a copy of a strided `gamma`), could
+    /// not be had: more bytes than an allocation may hold, or more than the
+    /// allocator would give (as for a broadcast view of a vast shape).
+    /// Nothing was computed or written.
     OutOfMemory {
         /// The number of elements of the result.
         elements: usize,
@@ -118,6 +121,14 @@ impl fmt::Display for NormError {
             } => write!(
                 f,
                 "{operand} has length {found}, expected {expected} (the number of features)"
+            ),
+            NormError::ShapeMismatch {
+                operand: Operand::Stats,
+                expected,
+                found,
+            } => write!(
+                f,
+                "stats were computed for an input of shape {found:?}, not {expected:?} (the shape of the input)"
             ),
             NormError::ShapeMismatch {
                 operand,

@@ -853,6 +853,10 @@ fn statistics_of_another_input_shape_are_rejected() {
             .unwrap_err(),
         expected
     );
+    assert_eq!(
+        expected.to_string(),
+        "stats were computed for an input of shape [4, 3], not [2, 3] (the shape of the input)"
+    );
     // Same leading shape, other row length.
     let (_, stats) = Array2::<f64>::ones((2, 4))
         .layer_norm_train(

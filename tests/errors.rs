@@ -916,7 +916,9 @@ proptest! {
 }
 
 /// A broadcast view of a vast shape: every allocating form reports
-/// `OutOfMemory` instead of aborting the process. The results would take
+/// `OutOfMemory` instead of aborting the process, and so does any call
+/// whose working memory (gathered rows, a copy of a strided `gamma`)
+/// cannot be had. The results would take
 /// 2⁵⁰ bytes (beyond the address space of a 64-bit process today, so no
 /// allocator can give them, whatever it overcommits) or, at 2⁶⁵ bytes,
 /// more than an allocation may hold.
@@ -968,6 +970,31 @@ fn vast_results_are_out_of_memory() {
         element_size: 4,
     };
     assert_eq!(tall.stats().unwrap_err(), stats_out);
+
+    // A vast broadcast row must be gathered to be summed: its working
+    // memory cannot be had, whatever the size of the result.
+    let one = Array1::<f32>::ones(1);
+    let vast_row = one.broadcast((1, 1usize << 46)).unwrap();
+    let gather_out = NormError::OutOfMemory {
+        elements: 1 << 46,
+        element_size: 4,
+    };
+    assert_eq!(vast_row.stats().unwrap_err(), gather_out);
+    let mut out = Array2::<f32>::zeros((1, 4));
+    let short_row = one.broadcast((1, 4)).unwrap();
+    assert!(short_row.layer_norm_plain_into(&mut out, 0.0).is_ok());
+    let one = Array1::<f64>::ones(1);
+    let longest_row = one.broadcast((1, 1usize << 61)).unwrap();
+    assert!(matches!(
+        longest_row.stats(),
+        Err(NormError::OutOfMemory { .. })
+    ));
+
+    // A vast strided gamma cannot be gathered either.
+    let gain = Array1::<f32>::ones(1);
+    let vast_gamma = gain.broadcast(1usize << 46).unwrap();
+    let no_rows = Array2::<f32>::zeros((0, 1usize << 46));
+    assert_eq!(no_rows.rms_norm(&vast_gamma, 1e-5).unwrap_err(), gather_out);
 
     // 2⁶² elements of 8 bytes overflow any allocation's size.
     let wide = Array1::<f64>::ones(2);

@@ -270,7 +270,7 @@ impl RowsAhead {
 
 /// Rows per block for rows of `d` elements of `A`.
 fn block_rows<A>(d: usize) -> usize {
-    let row_bytes = (d * std::mem::size_of::<A>()).max(1);
+    let row_bytes = d.saturating_mul(std::mem::size_of::<A>()).max(1);
     (BLOCK_BYTES / row_bytes).clamp(MIN_BLOCK_ROWS, MAX_BLOCK_ROWS)
 }
 
