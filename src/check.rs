@@ -6,13 +6,14 @@ use std::borrow::Cow;
 use ndarray::{ArrayRef, ArrayRef1, Dimension};
 
 use crate::error::{NormError, Operand};
+use crate::rows;
 use crate::scalar::NormScalar;
 
 /// The length `d` of the last axis, which every row has.
 ///
-/// Rows that are not contiguous are gathered a block of up to
-/// [`GATHER_ROWS`] at a time into working memory: where that block is
-/// large, it is reserved here once and released, so that a row too long to
+/// Rows that are not contiguous are gathered a block at a time into
+/// working memory ([`rows::gathered_rows`]): where that block is large, it
+/// is reserved here once and released, so that a row too long to
 /// gather (a broadcast view of a vast row, say) gives
 /// [`NormError::OutOfMemory`] before anything is written, rather than an
 /// aborted process later. (A reservation that succeeds here could still
@@ -26,7 +27,7 @@ pub(crate) fn row_length<A, D: Dimension>(x: &ArrayRef<A, D>) -> Result<usize, N
     };
     let contiguous_rows = d == 1 || x.strides().last() == Some(&1);
     let rows = x.len() / d;
-    let gathered = rows.min(GATHER_ROWS).saturating_mul(d);
+    let gathered = rows.min(rows::gathered_rows::<A>(d)).saturating_mul(d);
     if !contiguous_rows && gathered.saturating_mul(size_of::<A>()) > RESERVE_CHECK_BYTES {
         let mut probe = Vec::<A>::new();
         probe
@@ -38,10 +39,6 @@ pub(crate) fn row_length<A, D: Dimension>(x: &ArrayRef<A, D>) -> Result<usize, N
     }
     Ok(d)
 }
-
-/// The most rows a block of gathered rows holds (the row walks use at most
-/// 64).
-const GATHER_ROWS: usize = 64;
 
 /// Working memory above this many bytes is reserved once by
 /// [`row_length`] before a call starts.

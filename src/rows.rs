@@ -204,6 +204,13 @@ pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
 /// Two arrays of one result per row.
 type RowResults<A, S> = (Array<A, S>, Array<A, S>);
 
+/// The most rows of `d` elements of `A` that the row walks gather into
+/// working memory at a time (the walks of the fused forms and of backward
+/// take up to twice as many).
+pub(crate) fn gathered_rows<A>(d: usize) -> usize {
+    strided::block_rows::<A>(d)
+}
+
 /// Applies `reduce` to every row of `x`, collecting the two results in
 /// arrays of the leading shape.
 pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(

@@ -269,7 +269,7 @@ impl RowsAhead {
 }
 
 /// Rows per block for rows of `d` elements of `A`.
-fn block_rows<A>(d: usize) -> usize {
+pub(super) fn block_rows<A>(d: usize) -> usize {
     let row_bytes = d.saturating_mul(std::mem::size_of::<A>()).max(1);
     (BLOCK_BYTES / row_bytes).clamp(MIN_BLOCK_ROWS, MAX_BLOCK_ROWS)
 }
@@ -851,7 +851,6 @@ where
             .enumerate()
         {
             let next = prefetch.during(index, x.nrows());
-            let buf = buffer(scratch, x.len());
             match (gather_in, scatter_out) {
                 (false, false) => {
                     for (input, mut output) in x.rows().into_iter().zip(out.rows_mut()) {
@@ -862,7 +861,7 @@ where
                             }
                             _ => {
                                 // Not reached: both rows were found contiguous.
-                                let row = &mut buf[..d];
+                                let row = buffer(scratch, d);
                                 gather(&input.insert_axis(Axis(0)), row);
                                 kernel(Io::InPlace(row), 1);
                                 scatter(row, &mut output.insert_axis(Axis(0)));
@@ -886,7 +885,7 @@ where
                             Some(output) => kernel(Io::InPlace(output), 1),
                             None => {
                                 // Not reached: the output rows were found contiguous.
-                                let row = &mut buf[..d];
+                                let row = buffer(scratch, d);
                                 gather(&output.view().insert_axis(Axis(0)), row);
                                 kernel(Io::InPlace(row), 1);
                                 scatter(row, &mut output.insert_axis(Axis(0)));
@@ -895,6 +894,7 @@ where
                     }
                 }
                 (true, false) => {
+                    let buf = buffer(scratch, x.len());
                     gather(&x, buf);
                     if let Some(output) = out.as_slice_mut() {
                         copies_in_groups(buf, output, d, &next, stream, kernel);
@@ -915,6 +915,7 @@ where
                     }
                 }
                 (false, true) => {
+                    let buf = buffer(scratch, x.len());
                     for (input, output) in x.rows().into_iter().zip(buf.chunks_exact_mut(d)) {
                         match input.to_slice() {
                             Some(input) => kernel(Io::Copy { input, output }, 1),
@@ -928,6 +929,7 @@ where
                     scatter(buf, &mut out);
                 }
                 (true, true) => {
+                    let buf = buffer(scratch, x.len());
                     gather(&x, buf);
                     in_groups(buf, d, &next, kernel);
                     scatter(buf, &mut out);
@@ -992,8 +994,8 @@ where
         let ahead = RowsAhead::new(&x.view(), &x.view(), false);
         for (index, mut x) in x.axis_chunks_iter_mut(Axis(0), block).enumerate() {
             let next = prefetch.during(index, x.nrows());
-            let buf = buffer(scratch, x.len());
             if gathered {
+                let buf = buffer(scratch, x.len());
                 gather(&x.view(), buf);
                 in_groups(buf, d, &next, kernel);
                 scatter(buf, &mut x);
@@ -1004,7 +1006,7 @@ where
                         Some(row) => kernel(Io::InPlace(row), 1),
                         None => {
                             // Not reached: the rows were found contiguous.
-                            let tmp = &mut buf[..d];
+                            let tmp = buffer(scratch, d);
                             let mut row = row.insert_axis(Axis(0));
                             gather(&row.view(), tmp);
                             kernel(Io::InPlace(tmp), 1);
@@ -1102,9 +1104,9 @@ where
             .zip(first.axis_chunks_iter_mut(Axis(0), block))
             .zip(second.axis_chunks_iter_mut(Axis(0), block));
         for ((x, mut first), mut second) in blocks {
-            let buf = buffer(scratch, x.len());
             let results = first.iter_mut().zip(second.iter_mut());
             if gathered {
+                let buf = buffer(scratch, x.len());
                 gather(&x, buf);
                 for (row, (a, b)) in buf.chunks_exact(d).zip(results) {
                     (*a, *b) = reduce(row);
@@ -1115,7 +1117,7 @@ where
                         Some(row) => reduce(row),
                         None => {
                             // Not reached: the rows were found contiguous.
-                            let tmp = &mut buf[..d];
+                            let tmp = buffer(scratch, d);
                             gather(&row.insert_axis(Axis(0)), tmp);
                             reduce(tmp)
                         }
