@@ -6,8 +6,8 @@ use std::borrow::Cow;
 use ndarray::{ArrayRef, ArrayRef1, Dimension};
 
 use crate::error::{NormError, Operand};
-use crate::rows;
 use crate::scalar::NormScalar;
+use crate::{fresh, rows};
 
 /// The length `d` of the last axis, which every row has.
 ///
@@ -29,13 +29,7 @@ pub(crate) fn row_length<A, D: Dimension>(x: &ArrayRef<A, D>) -> Result<usize, N
     let rows = x.len() / d;
     let gathered = rows.min(rows::gathered_rows::<A>(d)).saturating_mul(d);
     if !contiguous_rows && gathered.saturating_mul(size_of::<A>()) > RESERVE_CHECK_BYTES {
-        let mut probe = Vec::<A>::new();
-        probe
-            .try_reserve_exact(gathered)
-            .map_err(|_| NormError::OutOfMemory {
-                elements: gathered,
-                element_size: size_of::<A>(),
-            })?;
+        fresh::reserved::<A>(gathered)?;
     }
     Ok(d)
 }
@@ -72,12 +66,7 @@ pub(crate) fn feature_vector<'a, A: NormScalar>(
         Some(slice) => Cow::Borrowed(slice),
         None => {
             // Gathered once; a broadcast view of a vast length cannot be.
-            let mut copy = Vec::new();
-            copy.try_reserve_exact(d)
-                .map_err(|_| NormError::OutOfMemory {
-                    elements: d,
-                    element_size: size_of::<A>(),
-                })?;
+            let mut copy = fresh::reserved(d)?;
             copy.extend(v.iter().copied());
             Cow::Owned(copy)
         }

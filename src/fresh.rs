@@ -28,7 +28,7 @@ impl<A: NormScalar, D: Dimension> Fresh<A, D> {
     /// (rather than aborting the process, as a failed allocation otherwise
     /// does).
     pub(crate) fn new(shape: D) -> Result<Self, NormError> {
-        let mut storage = storage::<MaybeUninit<A>>(shape.size())?;
+        let mut storage = reserved::<MaybeUninit<A>>(shape.size())?;
         // SAFETY: the capacity holds `shape.size()` elements, and a
         // `MaybeUninit` needs no initialisation.
         unsafe { storage.set_len(shape.size()) };
@@ -95,25 +95,22 @@ pub(crate) fn array_and<A: NormScalar, D: Dimension, R>(
 /// A new array of `shape` with every element `value`, or
 /// [`NormError::OutOfMemory`].
 pub(crate) fn filled<T: Clone, D: Dimension>(shape: D, value: T) -> Result<Array<T, D>, NormError> {
-    let mut storage = storage::<T>(shape.size())?;
+    let mut storage = reserved::<T>(shape.size())?;
     storage.resize(shape.size(), value);
     // SAFETY: the vector holds exactly `shape.size()` elements, the length
     // of an array of `shape` in standard layout.
     Ok(unsafe { Array::from_shape_vec_unchecked(shape, storage) })
 }
 
-/// An empty vector with room for exactly `elements` elements.
-fn storage<T>(elements: usize) -> Result<Vec<T>, NormError> {
+/// An empty vector with room for exactly `elements` elements, or
+/// [`NormError::OutOfMemory`].
+pub(crate) fn reserved<T>(elements: usize) -> Result<Vec<T>, NormError> {
     let mut storage = Vec::new();
     storage
         .try_reserve_exact(elements)
-        .map_err(|_| out_of_memory::<T>(elements))?;
+        .map_err(|_| NormError::OutOfMemory {
+            elements,
+            element_size: size_of::<T>(),
+        })?;
     Ok(storage)
-}
-
-fn out_of_memory<T>(elements: usize) -> NormError {
-    NormError::OutOfMemory {
-        elements,
-        element_size: size_of::<T>(),
-    }
 }

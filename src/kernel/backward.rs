@@ -74,7 +74,7 @@
 use super::portable::{
     centred_square_sum, centring, centring_first_pass, exact_centring, inverse_root,
     rescaled_centring, rescaled_rms_scaling, rms_from_squares, rms_scaling, two_sum, variance,
-    write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Plain, Store,
+    write_layer_norm, write_rms_norm, Blend, BlockedSum, Centring, FirstPass, Plain, Split, Store,
     Streaming, Variance, BLOCK,
 };
 use super::short::{self, SHORT_ROW};
@@ -87,30 +87,23 @@ pub(crate) const BLOCK_ROWS: usize = 64;
 
 /// LayerNorm statistics of one row as backward needs them:
 /// `nᵢ = ((xᵢ · scale - nearest) - rest) · inv_std`, with the sums of pass A
-/// taken around `base` (`base + shift = nearest + rest`, the forward
-/// kernel's two splits of the mean).
+/// taken around `base` (the forward kernel's two splits of the `mean`,
+/// [`Split`]).
 ///
 /// A constant row has `base = nearest` = its value, `shift = rest = 0`,
-/// `scale = 1` and
-/// `inv_std = 1/√eps` (`+∞` when `eps = 0`); a row holding a NaN or an
-/// infinity is all NaN.
+/// `scale = 1` and `inv_std = 1/√eps` (`+∞` when `eps = 0`); a row holding
+/// a NaN or an infinity is all NaN.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct RowCentring {
     scale: f64,
-    base: f64,
-    shift: f64,
-    nearest: f64,
-    rest: f64,
+    mean: Split<f64>,
     inv_std: f64,
 }
 
 impl RowCentring {
     pub(crate) const NOT_FINITE: Self = RowCentring {
         scale: f64::NAN,
-        base: f64::NAN,
-        shift: f64::NAN,
-        nearest: f64::NAN,
-        rest: f64::NAN,
+        mean: Split::single(f64::NAN, f64::NAN),
         inv_std: f64::NAN,
     };
 
@@ -119,37 +112,25 @@ impl RowCentring {
         match centring {
             Centring::Centred {
                 scale,
-                base,
-                shift,
-                nearest,
-                rest,
+                mean,
                 inv_std,
             } => RowCentring {
                 scale,
-                base,
-                shift,
-                nearest,
-                rest,
+                mean,
                 inv_std,
             },
-            Centring::Constant => {
-                let value = x.first().map_or(f64::NAN, |v| v.widen());
-                RowCentring {
-                    scale: 1.0,
-                    base: value,
-                    shift: 0.0,
-                    nearest: value,
-                    rest: 0.0,
-                    inv_std: constant_inverse_root(eps),
-                }
-            }
+            Centring::Constant => RowCentring {
+                scale: 1.0,
+                mean: Split::single(x.first().map_or(f64::NAN, |v| v.widen()), 0.0),
+                inv_std: constant_inverse_root(eps),
+            },
             Centring::NotFinite => Self::NOT_FINITE,
         }
     }
 
     /// The row's mean.
     pub(crate) fn mean(self) -> f64 {
-        (self.base + self.shift) / self.scale
+        (self.mean.base + self.mean.shift) / self.scale
     }
 
     /// The row's `1/√(var + eps)`.
@@ -159,9 +140,13 @@ impl RowCentring {
     /// The bits of every field, for comparisons that must see NaN and -0.
     #[cfg(test)]
     pub(crate) fn to_bits(self) -> [u64; 6] {
-        let fields = [self.scale, self.base, self.shift, self.nearest, self.rest];
-        let [scale, base, shift, nearest, rest] = fields.map(f64::to_bits);
-        [scale, base, shift, nearest, rest, self.inv_std.to_bits()]
+        let Split {
+            base,
+            shift,
+            nearest,
+            rest,
+        } = self.mean;
+        [self.scale, base, shift, nearest, rest, self.inv_std].map(f64::to_bits)
     }
 }
 
@@ -1071,7 +1056,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
 ) {
     let deviate = FromBase {
         scale: optional::<V>(stats.scale),
-        base: V::splat(stats.base),
+        base: V::splat(stats.mean.base),
     };
     let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate, ahead_in_pass_a::<A>(ahead));
     layer_norm_pass_b::<A, V, S>(row, dx, stats, sums, ahead, partials);
@@ -1092,11 +1077,14 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
 ) {
     let RowCentring {
         scale,
-        shift,
-        nearest,
-        rest,
+        mean:
+            Split {
+                shift,
+                nearest,
+                rest,
+                ..
+            },
         inv_std,
-        ..
     } = stats;
     let deviate = FromBase {
         scale: optional::<V>(scale),

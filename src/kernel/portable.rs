@@ -372,7 +372,7 @@ impl Pair {
 }
 
 /// A quotient `(hi + lo) / d` split two ways, per lane ([`divide_split`]).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Split<T> {
     /// `hi` times the rounded `1 / d`, within two ulps of the quotient.
     pub(super) base: T,
@@ -386,15 +386,23 @@ pub(super) struct Split<T> {
 }
 
 impl Split<f64> {
+    /// One split serving both purposes: `base + shift` for the sums and
+    /// the outputs alike.
+    pub(super) const fn single(base: f64, shift: f64) -> Self {
+        Split {
+            base,
+            shift,
+            nearest: base,
+            rest: shift,
+        }
+    }
+
     /// The centring of a row with this mean (of the row times `scale`).
     #[cfg_attr(not(debug_assertions), inline(always))]
     pub(super) fn centring(self, scale: f64, inv_std: f64) -> Centring {
         Centring::Centred {
             scale,
-            base: self.base,
-            shift: self.shift,
-            nearest: self.nearest,
-            rest: self.rest,
+            mean: self,
             inv_std,
         }
     }
@@ -691,16 +699,13 @@ pub(super) fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
 /// What the output pass of LayerNorm needs for one row.
 #[derive(Clone, Copy)]
 pub(super) enum Centring {
-    /// `nᵢ = ((xᵢ · scale - nearest) - rest) · inv_std`, the sums over the
-    /// row taken around `base` (with `base + shift = nearest + rest` the
-    /// mean of the scaled row, [`Split`]; the certified `f32` path has one
-    /// split, its own, for both).
+    /// `nᵢ = ((xᵢ · scale - nearest) - rest) · inv_std` with the `mean` of
+    /// the scaled row, the sums over the row taken around its `base`
+    /// ([`Split`]; the certified `f32` path has one split, its own, for
+    /// both).
     Centred {
         scale: f64,
-        base: f64,
-        shift: f64,
-        nearest: f64,
-        rest: f64,
+        mean: Split<f64>,
         inv_std: f64,
     },
     /// Every element equal (and finite): `nᵢ = 0` exactly.
@@ -787,14 +792,7 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
     }
     let var = (mean_square - shift * shift).max(0.0);
     // The certificate covers the outputs of this split itself.
-    Some(Centring::Centred {
-        scale: 1.0,
-        base,
-        shift,
-        nearest: base,
-        rest: shift,
-        inv_std: inverse_root(var, eps, 1.0),
-    })
+    Some(Split::single(base, shift).centring(1.0, inverse_root(var, eps, 1.0)))
 }
 
 /// LayerNorm statistics with the exact mean split of the module docs.
@@ -1382,10 +1380,8 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
     match centring {
         Centring::Centred {
             scale,
-            nearest,
-            rest,
+            mean: Split { nearest, rest, .. },
             inv_std,
-            ..
         } => {
             if scale == 1.0 {
                 let centre = Centre::<V> {
@@ -1503,8 +1499,7 @@ mod tests {
         let mut out = vec![0.0; x.len()];
         match centring(x) {
             Centring::Centred {
-                nearest,
-                rest,
+                mean: Split { nearest, rest, .. },
                 inv_std,
                 ..
             } => {
