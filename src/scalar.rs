@@ -40,6 +40,11 @@ pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::
     /// Rounds an accumulated value to the element type (round to nearest, ties to even).
     #[doc(hidden)]
     fn narrow(value: f64) -> Self;
+    /// Rounds the unevaluated sum `hi + lo` to the element type once, where
+    /// `hi` is the double nearest the sum (so `|lo|` is at most half an
+    /// ulp of `hi`).
+    #[doc(hidden)]
+    fn narrow_sum(hi: f64, lo: f64) -> Self;
     /// Loads a chunk into a kernel vector, widening exactly.
     #[doc(hidden)]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V;
@@ -91,6 +96,30 @@ impl NormScalar for f32 {
     fn narrow(value: f64) -> Self {
         value as f32
     }
+    /// `hi as f32` is `hi + lo` rounded once unless `hi` lies exactly
+    /// halfway between two `f32` values, where the rounding of `hi` alone
+    /// goes to the even one: `lo` then says which side the sum is on.
+    /// (`hi` cannot be a tie of `f32` and `lo` reach the next one: an `f32`
+    /// ulp is 2²⁹ `f64` ulps.)
+    fn narrow_sum(hi: f64, lo: f64) -> Self {
+        let rounded = hi as f32;
+        let back = f64::from(rounded);
+        if back == hi || lo == 0.0 || !rounded.is_finite() {
+            return rounded;
+        }
+        let (below, above) = if back < hi {
+            (rounded, rounded.next_up())
+        } else {
+            (rounded.next_down(), rounded)
+        };
+        // The midpoint of two adjacent `f32` values is exact in `f64`.
+        let midpoint = (f64::from(below) + f64::from(above)) * 0.5;
+        match (hi == midpoint, lo > 0.0) {
+            (false, _) => rounded,
+            (true, true) => above,
+            (true, false) => below,
+        }
+    }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
         V::load_f32(chunk)
@@ -140,6 +169,10 @@ impl NormScalar for f64 {
         value
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
+    fn narrow_sum(hi: f64, _lo: f64) -> Self {
+        hi
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
         V::load_f64(chunk)
     }
@@ -175,5 +208,34 @@ impl NormScalar for f64 {
         dst_lead: usize,
     ) {
         V::transpose_square_f64(src, src_lead, dst, dst_lead)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NormScalar;
+
+    #[test]
+    fn narrow_sum_settles_f32_ties_by_the_rest() {
+        let tiny = f32::from_bits(1);
+        // Midpoints between normal, subnormal and the largest values.
+        for (below, above) in [
+            (1.0f32, 1.0f32.next_up()),
+            (-(1.0f32.next_up()), -1.0),
+            (tiny, 2.0 * tiny),
+            (0.0, tiny),
+            (f32::MAX.next_down(), f32::MAX),
+        ] {
+            let midpoint = (f64::from(below) + f64::from(above)) / 2.0;
+            let ulp = midpoint.abs() * f64::EPSILON;
+            assert_eq!(f32::narrow_sum(midpoint, ulp / 4.0), above);
+            assert_eq!(f32::narrow_sum(midpoint, -ulp / 4.0), below);
+            assert_eq!(f32::narrow_sum(midpoint, 0.0), midpoint as f32);
+            // Off the midpoint, the rest changes nothing.
+            let off = midpoint + ulp;
+            assert_eq!(f32::narrow_sum(off, -ulp / 4.0), off as f32);
+        }
+        assert!(f32::narrow_sum(f64::NAN, 1.0).is_nan());
+        assert_eq!(f32::narrow_sum(f64::INFINITY, -1.0), f32::INFINITY);
     }
 }

@@ -20,18 +20,19 @@ pub trait RowStatsExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     ///        d  i=1                 ⎝ d  i=1    ⎠
     /// ```
     ///
-    /// Both are accumulated in `f64` and then rounded to the element type
-    /// (an `f32` statistic through its `f64` value, so it is within about half
-    /// an ulp, not always correctly rounded): the mean from a
-    /// compensated sum divided with an exact remainder, the square sum (whose
-    /// terms cannot cancel) from short plain sums, rescaled by a power of two
-    /// where `f64` squares would overflow or underflow. The rms
-    /// is of `x` itself, not of `x - x̄`. The compensated sum is good to about
-    /// `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`: the mean is within about half an ulp unless the
-    /// row cancels far below that (`[1e20, 1, 1e-20, -1e20, -1]` gives 0,
-    /// not 2e-21). A row holding a NaN or an infinity
-    /// follows IEEE arithmetic: NaN, or ±∞ where all infinities share a
-    /// sign.
+    /// Both are accumulated in `f64`. The mean comes from a compensated sum
+    /// divided with an exact remainder, rounded to the element type once.
+    /// That sum is good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, so the
+    /// mean is within about half an ulp unless the row cancels far below
+    /// that (`[1e20, 1, 1e-20, -1e20, -1]` gives 0, not 2e-21); an `f32`
+    /// mean is correctly rounded wherever the sum is exact, which it is
+    /// unless the row's nonzero magnitudes lie more than about `2⁸⁰ / d²`
+    /// apart. The rms is of `x` itself, not of `x - x̄`: the root of a square
+    /// sum (whose terms cannot cancel) taken in short plain sums, rescaled by
+    /// a power of two where `f64` squares would overflow or underflow (an
+    /// `f32` rms is its `f64` value rounded, within about half an ulp). A row
+    /// holding a NaN or an infinity follows IEEE arithmetic: NaN, or ±∞
+    /// where all infinities share a sign.
     ///
     /// # Errors
     ///
@@ -64,8 +65,11 @@ impl<A: NormScalar, D: Dimension> RowStatsExt<A, D> for ArrayRef<A, D> {
     {
         check::row_length(self)?;
         rows::reduce_rows(self, |isa, row| {
-            let (mean, rms) = kernel::row_stats(isa, row);
-            (A::narrow(mean), A::narrow(rms))
+            let stats = kernel::row_stats(isa, row);
+            (
+                A::narrow_sum(stats.mean, stats.mean_rest),
+                A::narrow(stats.rms),
+            )
         })
     }
 }

@@ -694,3 +694,96 @@ proptest::proptest! {
         }
     }
 }
+
+/// The mean of an `f32` row rounded once to `f32`, ties to even, from the
+/// exact sum: the `f32` within a few ulps of an estimate whose distance
+/// `|S - d · C|` (both times 2¹⁰⁷⁴) is smallest.
+fn correctly_rounded_f32_mean(row: &[f32]) -> f32 {
+    let d = row.len();
+    let sum: BigInt = row.iter().map(|&v| exact(f64::from(v))).sum();
+    let estimate = (row.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64) as f32;
+    let mut candidate = estimate;
+    for _ in 0..4 {
+        candidate = candidate.next_down();
+    }
+    let mut best: Option<(BigUint, f32, usize)> = None;
+    for step in 0..9 {
+        let distance = (&sum - exact(f64::from(candidate)) * BigInt::from(d))
+            .magnitude()
+            .clone();
+        let better = match &best {
+            None => true,
+            Some((least, chosen, _)) => {
+                distance < *least
+                    || (distance == *least
+                        && candidate.to_bits() & 1 == 0
+                        && chosen.to_bits() & 1 == 1)
+            }
+        };
+        if better {
+            best = Some((distance, candidate, step));
+        }
+        candidate = candidate.next_up();
+    }
+    let (_, chosen, step) = best.unwrap();
+    assert!(
+        step != 0 && step != 8,
+        "{row:?}: the estimate is too far off"
+    );
+    chosen
+}
+
+#[test]
+fn f32_means_are_rounded_once() {
+    // (1 + 2⁻²⁴ + 2⁻¹⁰⁰) / 4 lies just above the midpoint of the `f32`
+    // values 1/4 and (1 + 2⁻²³)/4; its nearest `f64` is that midpoint.
+    let x = ndarray::array![[1.0f32, 2f32.powi(-24), 2f32.powi(-100), 0.0]];
+    let (mean, _) = x.stats().unwrap();
+    assert_eq!(mean[0], 0.25 * (1.0 + f32::EPSILON));
+
+    // Rows of d = 4k summing to d · m + t, with m = a + ½ the midpoint of
+    // the `f32` values a and a + 1 (2²³ ≤ a < 2²⁴): d - 2 elements a + 1,
+    // one 2a + 2 - d/2 (even, so an `f32`) and a small t. Their mean
+    // m + t / d is within half an `f64` ulp of m for the smaller t, and
+    // rounds away from the even neighbour for one sign of t.
+    let mut rng = Rng(29);
+    for &d in &[4usize, 8, 12, 16, 20, 64, 100, 1000] {
+        for _ in 0..40 {
+            let a = ((1u64 << 23) + rng.below(1 << 23)) as f64;
+            let scale = 2f64.powi(rng.below(120) as i32 - 60);
+            let small =
+                2f64.powi(-(rng.below(60) as i32)) * if rng.below(2) == 0 { 1.0 } else { -1.0 };
+            let t = if rng.below(8) == 0 { 0.0 } else { small };
+            let mut row = vec![((a + 1.0) * scale) as f32; d - 2];
+            row.push(((2.0 * a + 2.0 - (d / 2) as f64) * scale) as f32);
+            row.push((t * scale) as f32);
+            for i in (1..d).rev() {
+                row.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let truth = correctly_rounded_f32_mean(&row);
+            let (mean, _) = Array2::from_shape_vec((1, d), row.clone())
+                .unwrap()
+                .stats()
+                .unwrap();
+            assert_eq!(
+                mean[0].to_bits(),
+                truth.to_bits(),
+                "d {d}, t {t}: {} vs {truth}",
+                mean[0]
+            );
+        }
+    }
+
+    // And ordinary rows.
+    for &d in &[1usize, 2, 3, 7, 16, 17, 33, 100, 777] {
+        for _ in 0..40 {
+            let row: Vec<f32> = (0..d).map(|_| (rng.signed_unit() * 100.0) as f32).collect();
+            let truth = correctly_rounded_f32_mean(&row);
+            let (mean, _) = Array2::from_shape_vec((1, d), row.clone())
+                .unwrap()
+                .stats()
+                .unwrap();
+            assert_eq!(mean[0].to_bits(), truth.to_bits(), "d {d}: {row:?}");
+        }
+    }
+}

@@ -51,7 +51,7 @@
 
 use super::short::{self, SHORT_ROW};
 use super::simd::{Arith, Vector, LANES};
-use super::{cache, Affine, Io, Params};
+use super::{cache, Affine, Io, Params, RowStats};
 use crate::scalar::NormScalar;
 
 /// Below this, a sum of squares may hold subnormal squares and so lose
@@ -956,17 +956,18 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
     Some((scale, inverse_root(scaled_squares * (1.0 / d), eps, scale)))
 }
 
-/// `(mean, rms)` of one row (`x` non-empty).
+/// [`RowStats`] of one row (`x` non-empty).
 ///
 /// The mean is the compensated sum divided by `d` with an exact remainder,
 /// so it is within about half an ulp of the true mean plus about 2⁻¹⁰⁶ of
-/// `Σ |xᵢ|` (the compensated sum's own error over `d`); the rms is the root
+/// `Σ |xᵢ|` (the compensated sum's own error over `d`), and its rest
+/// beyond that double is known to the same accuracy; the rms is the root
 /// of the blocked square sum (short rows: see [`short::row_stats`]). A row
 /// holding a NaN or an infinity gets IEEE semantics: the sum of its
 /// non-finite elements over `d`, and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
+pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> RowStats {
     if x.len() <= SHORT_ROW {
         return short::row_stats(x);
     }
@@ -975,7 +976,7 @@ pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
 
 /// [`row_stats`] of a row of any length.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64) {
+pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> RowStats {
     let d = x.len() as f64;
     let first = first_loaded::<A, V, _>(x, Unscaled);
     let init = ((CompensatedSum::new(), BlockedSum::new()), (first, first));
@@ -988,7 +989,11 @@ pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64)
         // overflow of finite ones (+∞) before a -∞.
         let sum: f64 = x.iter().map(|v| v.widen()).filter(|v| !v.is_finite()).sum();
         let squares: f64 = x.iter().map(|v| v.widen() * v.widen()).sum();
-        return (sum / d, (squares / d).sqrt());
+        return RowStats {
+            mean: sum / d,
+            mean_rest: 0.0,
+            rms: (squares / d).sqrt(),
+        };
     }
     if min == max {
         // Every element equal: the mean is that value, and for zeros the
@@ -998,7 +1003,11 @@ pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64)
         } else {
             min
         };
-        return (mean, min.abs());
+        return RowStats {
+            mean,
+            mean_rest: 0.0,
+            rms: min.abs(),
+        };
     }
     let magnitude = min.abs().max(max.abs());
     // Rescale where a sum overflowed, the square sum may hold subnormal
@@ -1008,20 +1017,30 @@ pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> (f64, f64)
         && squares.is_finite()
         && squares >= TINY_SQUARES
     {
-        // `nearest` is `base + shift` rounded.
-        return (sum.divide(d).nearest, (squares / d).sqrt());
+        let mean = sum.divide(d);
+        return RowStats {
+            mean: mean.nearest,
+            mean_rest: mean.rest,
+            rms: (squares / d).sqrt(),
+        };
     }
     rescaled_row_stats::<A, V>(x, magnitude)
 }
 
 /// [`row_stats`] of a row whose sums or squares overflow or underflow. Rare.
 #[inline(never)]
-fn rescaled_row_stats<A: NormScalar, V: Vector>(x: &[A], magnitude: f64) -> (f64, f64) {
+fn rescaled_row_stats<A: NormScalar, V: Vector>(x: &[A], magnitude: f64) -> RowStats {
     let d = x.len() as f64;
     let scale = scale_towards_one(magnitude);
     let mean = spread::<A, V, _>(x, Scaled(scale)).sum.divide(d);
     let squares = square_sum::<A, V, _>(x, Scaled(scale));
-    (mean.nearest / scale, (squares / d).sqrt() / scale)
+    // Dividing by a power of two is exact unless the mean is subnormal,
+    // where its rest no longer matters to an `f32`.
+    RowStats {
+        mean: mean.nearest / scale,
+        mean_rest: mean.rest / scale,
+        rms: (squares / d).sqrt() / scale,
+    }
 }
 
 /// Normalisation of one vector of inputs (a struct, not a closure, for the
@@ -1546,16 +1565,16 @@ mod tests {
 
     #[test]
     fn row_stats_of_overflowing_row() {
-        let (mean, rms) = row_stats::<f64, Portable>(&[1.5e308, 1.5e308, 1.0e308]);
+        let RowStats { mean, rms, .. } = row_stats::<f64, Portable>(&[1.5e308, 1.5e308, 1.0e308]);
         assert!((mean - 1.0e308 * (4.0 / 3.0)).abs() <= 1e293, "{mean}");
         assert!(rms.is_finite() && rms > 1.3e308);
     }
 
     #[test]
     fn row_stats_of_infinite_row_follows_ieee() {
-        let (mean, rms) = row_stats::<f64, Portable>(&[1.0, f64::INFINITY]);
+        let RowStats { mean, rms, .. } = row_stats::<f64, Portable>(&[1.0, f64::INFINITY]);
         assert_eq!((mean, rms), (f64::INFINITY, f64::INFINITY));
-        let (mean, rms) = row_stats::<f32, Portable>(&[f32::NEG_INFINITY, 2.0]);
+        let RowStats { mean, rms, .. } = row_stats::<f32, Portable>(&[f32::NEG_INFINITY, 2.0]);
         assert_eq!((mean, rms), (f64::NEG_INFINITY, f64::INFINITY));
     }
 }

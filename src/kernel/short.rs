@@ -67,7 +67,7 @@ use super::portable::{
     write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
-use super::{cache, Affine, Io, Params};
+use super::{cache, Affine, Io, Params, RowStats};
 use crate::scalar::NormScalar;
 
 /// Rows of at most this many elements are short.
@@ -817,9 +817,9 @@ fn fill_constant<A: NormScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d
     }
 }
 
-/// `(mean, rms)` of one short row.
+/// [`RowStats`] of one short row.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
+pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> RowStats {
     let (values, d) = widened(x);
     let columns = values.get(..d).unwrap_or(&[]);
     let (mean, min, max) = mean_split(columns, quotient_is_exact::<A>(d));
@@ -830,8 +830,11 @@ pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
         && squares.is_finite()
         && squares >= TINY_SQUARES;
     if fits {
-        // `nearest` is `base + shift` rounded.
-        (mean.nearest, (squares / d as f64).sqrt())
+        RowStats {
+            mean: mean.nearest,
+            mean_rest: mean.rest,
+            rms: (squares / d as f64).sqrt(),
+        }
     } else {
         // The long-row kernel handles every special row; the vector type
         // is irrelevant for a row this short.

@@ -1043,7 +1043,7 @@ macro_rules! trampolines {
         use super::super::backward::{self, Inputs, Partials, RowCentring, RowScaling, Saved};
         use super::super::portable;
         use super::super::transpose;
-        use super::super::{Affine, Io, Params};
+        use super::super::{Affine, Io, Params, RowStats};
         use crate::scalar::NormScalar;
 
         /// # Safety
@@ -1087,7 +1087,7 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn row_stats<A: NormScalar>(x: &[A]) -> (f64, f64) {
+        pub(in crate::kernel) unsafe fn row_stats<A: NormScalar>(x: &[A]) -> RowStats {
             portable::row_stats::<A, $vector>(x)
         }
 
