@@ -93,10 +93,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
                         None => return Err("--precision needs a value".to_string()),
                     },
                 };
+                // Digits only: `usize::from_str` would also take "+3".
+                let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
                 precision = Some(
-                    value
-                        .parse::<usize>()
-                        .ok()
+                    digits
+                        .then(|| value.parse::<usize>().ok())
+                        .flatten()
                         .filter(|&p| p <= MAX_PRECISION)
                         .ok_or_else(|| {
                             format!(
@@ -199,10 +201,14 @@ mod tests {
             parse_strs(&["--precision", "41"]),
             Err("--precision takes a whole number from 0 to 40, found \"41\"".into())
         );
-        assert_eq!(
-            parse_strs(&["--precision=-1"]),
-            Err("--precision takes a whole number from 0 to 40, found \"-1\"".into())
-        );
+        for bad in ["-1", "+3", " 3", ""] {
+            assert_eq!(
+                parse_strs(&[&format!("--precision={bad}")]),
+                Err(format!(
+                    "--precision takes a whole number from 0 to 40, found \"{bad}\""
+                ))
+            );
+        }
         assert_eq!(
             parse_strs(&["--exact", "--precision", "3"]),
             Err("--exact and --precision cannot be combined".into())
