@@ -545,6 +545,54 @@ fn f64_tiny_rows_keep_their_mean_whatever_eps() {
     }
 }
 
+/// A row whose elements are far above the subnormal range can still have
+/// a mean below it: `[v, -v, t, 0, …]` with `t` subnormal. The outputs near
+/// the mean, `-(t / d) / std` and `(t - t / d) / std`, are normal numbers,
+/// and keep the relative accuracy of every other output.
+#[test]
+fn f64_rows_whose_mean_is_far_below_their_elements() {
+    let mut rng = Rng(31);
+    let unit = f64::from_bits(1);
+    for &v in &[1e-60, 1e-150, 1e-250, 1e-290] {
+        for &d in &[3, 4, 5, 16, 17, 64, 100] {
+            for &t in &[unit, 3.0 * unit, 1e-320, 1e-310, 1e-300] {
+                let mut row = vec![0.0; d];
+                row[0] = v * (1.0 + rng.signed_unit() / 4.0);
+                row[1] = -row[0];
+                row[2] = t;
+                for i in (1..d).rev() {
+                    row.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                let x = Array1::from(row.clone());
+                for &eps in &[0.0, 1e-200] {
+                    let truth = exact_layer_norm(&row, eps);
+                    let (trained, _) = x
+                        .layer_norm_train(&Array1::ones(d), &Array1::zeros(d), eps)
+                        .unwrap();
+                    // Many rows at once take the short kernel's quick test.
+                    let rows =
+                        Array2::from_shape_fn(
+                            (17, d),
+                            |(r, j)| if r == 5 { row[j] } else { j as f64 },
+                        );
+                    for got in [
+                        x.layer_norm_plain(eps).unwrap(),
+                        trained,
+                        rows.layer_norm_plain(eps).unwrap().row(5).to_owned(),
+                    ] {
+                        for (&g, &t) in got.iter().zip(&truth) {
+                            assert!(
+                                (g - t).abs() <= F64_TOLERANCE * t.abs() + 2.0 * unit,
+                                "{row:?} eps {eps:e}: {g:e} vs {t:e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// With a shift `beta`, LayerNorm's output is `n · gamma + beta` formed in
 /// `f64`: within the final rounding (one `f32` ulp, or 2e-15 relative for
 /// `f64`) plus 2e-15 of `|n · gamma|` of the true value, also where `beta`

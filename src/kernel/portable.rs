@@ -81,6 +81,21 @@ pub(super) const HUGE_MAGNITUDE: f64 = 1e290;
 /// is exact. (`f32` rows never come this low.)
 pub(super) const TINY_MAGNITUDE: f64 = f64::from_bits((1023 - 900) << 52);
 
+/// Whether a LayerNorm row whose sum has this high part must be rescaled:
+/// a sum that is not zero but below [`TINY_MAGNITUDE`], which a row can
+/// have however large its elements are (`[1e-60, -1e-60, 1.5e-323, 0]`),
+/// gives a mean whose split loses digits to underflow as a row that small
+/// does (its `base` may even be 0). Outputs near the mean are
+/// `(x - mean) · inv_std`, as large as the elements are over their
+/// spread, so they keep those digits only where the row is worked on
+/// times the power of two that brings its magnitude towards 1. (A row
+/// already that large keeps its tiny mean, and the outputs near it are
+/// then tiny too.)
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn sum_is_tiny(sum: f64) -> bool {
+    sum != 0.0 && sum.abs() < TINY_MAGNITUDE
+}
+
 /// How a chunk is read: as is, or times an exact power of two.
 trait Load: Copy {
     fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V;
@@ -826,8 +841,9 @@ pub(super) enum FirstPass {
 
 /// Pass 1 of [`exact_centring`]: the compensated sum with the extremes, and
 /// the cases it settles (a NaN or an infinity, a constant row, a row that
-/// must be rescaled because its sum overflowed or its magnitude is outside
-/// [`TINY_MAGNITUDE`] to [`HUGE_MAGNITUDE`]).
+/// must be rescaled because its sum overflowed, its magnitude is outside
+/// [`TINY_MAGNITUDE`] to [`HUGE_MAGNITUDE`] or its sum is tiny,
+/// [`sum_is_tiny`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
     let spread_ = spread::<A, V, _>(x, Unscaled);
@@ -839,7 +855,10 @@ pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -
         return FirstPass::Finished(Centring::Constant);
     }
     let magnitude = spread_.magnitude();
-    if spread_.sum.hi.is_finite() && (TINY_MAGNITUDE..HUGE_MAGNITUDE).contains(&magnitude) {
+    if spread_.sum.hi.is_finite()
+        && (TINY_MAGNITUDE..HUGE_MAGNITUDE).contains(&magnitude)
+        && !sum_is_tiny(spread_.sum.hi)
+    {
         return FirstPass::Deviations {
             mean: spread_.sum.divide(x.len() as f64),
             magnitude,

@@ -63,8 +63,9 @@
 
 use super::portable::{
     centring as long_centring, divide_split, general_row_stats,
-    rms_scaling as portable_rms_scaling, split_from_remainder, two_sum, write_layer_norm,
-    write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
+    rms_scaling as portable_rms_scaling, split_from_remainder, sum_is_tiny, two_sum,
+    write_layer_norm, write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE,
+    TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{cache, Affine, Io, Params, RowStats};
@@ -108,7 +109,8 @@ fn centred_square<T: Arith>(x: T, base: T, shift: T) -> T {
     dev * dev
 }
 
-/// `S / d = base + shift` with the extremes (steps 1 and 2).
+/// `S / d = base + shift` with the high part of `S` and the extremes
+/// (steps 1 and 2).
 ///
 /// With `exact_quotient` ([`quotient_is_exact`]) the split skips Dekker's
 /// products, for the same bits: `hi · (1 / d)` is then exact, so the product
@@ -117,7 +119,7 @@ fn centred_square<T: Arith>(x: T, base: T, shift: T) -> T {
 /// `(hi - hi) - 0 = +0`. (Where `hi` is infinite or NaN, `lo` is NaN, and so
 /// is the rest of the quotient either way.)
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn mean_split<T: Arith>(columns: &[T], exact_quotient: bool) -> (Split<T>, T, T) {
+fn mean_split<T: Arith>(columns: &[T], exact_quotient: bool) -> (Split<T>, T, T, T) {
     let first = columns.first().copied().unwrap_or(T::splat(0.0));
     let (mut high, mut low, mut min, mut max) = (first, T::splat(0.0), first, first);
     for &x in columns.iter().skip(1) {
@@ -134,7 +136,7 @@ fn mean_split<T: Arith>(columns: &[T], exact_quotient: bool) -> (Split<T>, T, T)
     } else {
         divide_split(high, low, d)
     };
-    (split, min, max)
+    (split, high, min, max)
 }
 
 /// Whether [`mean_split`] may divide a short row of `d` elements of `A`
@@ -228,14 +230,24 @@ trait ShortOp<A: NormScalar>: Copy {
 }
 
 /// Whether no lane fails the first clause of `LayerNormOp::verdict`: a
-/// finite `base`, and no magnitude of [`HUGE_MAGNITUDE`] or more.
+/// finite sum, and no magnitude of [`HUGE_MAGNITUDE`] or more.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn all_moderate<V: Vector>(base: V, min: V, max: V) -> bool {
-    base.abs().all_within(0.0, f64::MAX)
+fn all_moderate<V: Vector>(sum: V, min: V, max: V) -> bool {
+    sum.abs().all_within(0.0, f64::MAX)
         && min
             .abs()
             .max_select(max.abs())
             .all_within(0.0, HUGE_MAGNITUDE.next_down())
+}
+
+/// Whether no lane's `sum` is tiny ([`sum_is_tiny`]), for finite `sum`:
+/// with `q = min(|sum| · 2⁹⁰⁰, 1)`, exact as [`TINY_MAGNITUDE`] is 2⁻⁹⁰⁰,
+/// `q · (1 - q)` is zero for `sum` zero or at least 2⁻⁹⁰⁰, and otherwise
+/// at least 2⁻²²⁷ (`q ≥ 2⁻¹⁷⁴`, `1 - q ≥ 2⁻⁵³`).
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn no_tiny_sum<V: Vector>(sum: V) -> bool {
+    let q = (sum.abs() * V::splat(1.0 / TINY_MAGNITUDE)).min_select(V::splat(1.0));
+    (q * (V::splat(1.0) - q)).all_within(0.0, 0.0)
 }
 
 /// The least square sum that [`ShortOp::all_normalised`] passes: tiny
@@ -281,10 +293,10 @@ struct LayerNormOp<'a, A> {
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn layer_norm_stats<A, T: Arith>(columns: &[T], eps: f64) -> (Split<T>, T, Check<T>) {
     let exact_quotient = quotient_is_exact::<A>(columns.len());
-    let (mean, min, max) = mean_split(columns, exact_quotient);
+    let (mean, sum, min, max) = mean_split(columns, exact_quotient);
     let squares = square_sum(columns, mean.base, mean.shift);
     let inv_std = inverse_root(squares, columns.len(), eps);
-    (mean, inv_std, [mean.base, min, max, squares])
+    (mean, inv_std, [sum, min, max, squares])
 }
 
 /// The statistics of one short row as the long-row kernel's [`Centring`],
@@ -342,13 +354,13 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn verdict(self, [base, min, max, squares]: [f64; 4], d: usize) -> Verdict {
+    fn verdict(self, [sum, min, max, squares]: [f64; 4], d: usize) -> Verdict {
         let magnitude = min.abs().max(max.abs());
-        if !base.is_finite() || magnitude >= HUGE_MAGNITUDE {
+        if !sum.is_finite() || magnitude >= HUGE_MAGNITUDE {
             Verdict::General
         } else if min == max {
             Verdict::Constant
-        } else if magnitude < TINY_MAGNITUDE {
+        } else if magnitude < TINY_MAGNITUDE || sum_is_tiny(sum) {
             Verdict::General
         } else if squares.is_finite()
             && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
@@ -361,19 +373,21 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn all_normalised<V: Vector>(self, [base, min, max, squares]: Check<V>) -> bool {
+    fn all_normalised<V: Vector>(self, [sum, min, max, squares]: Check<V>) -> bool {
         // Each test implies its clause of `verdict`: `max - min > 0` (so
-        // `min != max`), a magnitude of at least `TINY_MAGNITUDE` (which
-        // no `f32` row comes below), and squares that are finite and,
-        // unless `eps` hides them, not tiny, nor so large that the
-        // denominator could overflow (its zero needs `min == max`).
-        all_moderate(base, min, max)
+        // `min != max`), a magnitude of at least `TINY_MAGNITUDE` and a
+        // sum that is not tiny (which no `f32` row comes below), and
+        // squares that are finite and, unless `eps` hides them, not tiny,
+        // nor so large that the denominator could overflow (its zero needs
+        // `min == max`).
+        all_moderate(sum, min, max)
             && (max - min).all_within(f64::from_bits(1), f64::INFINITY)
             && (size_of::<A>() == size_of::<f32>()
-                || min
+                || (min
                     .abs()
                     .max_select(max.abs())
-                    .all_within(TINY_MAGNITUDE, f64::INFINITY))
+                    .all_within(TINY_MAGNITUDE, f64::INFINITY)
+                    && no_tiny_sum(sum)))
             && squares.all_within(squares_floor(self.eps), squares_ceiling(self.eps))
     }
 
@@ -386,8 +400,8 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn all_constant<V: Vector>(self, [base, min, max, _]: Check<V>) -> bool {
-        all_moderate(base, min, max) && (max - min).all_within(0.0, 0.0)
+    fn all_constant<V: Vector>(self, [sum, min, max, _]: Check<V>) -> bool {
+        all_moderate(sum, min, max) && (max - min).all_within(0.0, 0.0)
     }
 
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -822,7 +836,7 @@ fn fill_constant<A: NormScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d
 pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> RowStats {
     let (values, d) = widened(x);
     let columns = values.get(..d).unwrap_or(&[]);
-    let (mean, min, max) = mean_split(columns, quotient_is_exact::<A>(d));
+    let (mean, _, min, max) = mean_split(columns, quotient_is_exact::<A>(d));
     let squares = square_sum(columns, 0.0, 0.0);
     let fits = mean.base.is_finite()
         && min != max
