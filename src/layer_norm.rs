@@ -43,8 +43,8 @@ use crate::{check, rows, sealed};
 /// `(d / 32 + 8) · 2⁻⁵³` of it), which exceeds an ulp only where the two
 /// nearly cancel. The mean's sum is exact whenever the row's nonzero magnitudes lie
 /// within about `2⁵³ / d²` of each other (and in other rows too), and then
-/// every output keeps these bounds, also at the mean itself (a mean far
-/// below the elements, under 2⁻⁹⁰⁰, is rescaled like a tiny row); otherwise it is
+/// every output keeps these bounds, also at the mean itself (a row whose
+/// sum falls below 2⁻⁹⁰⁰ while its elements do not is scaled up for it); otherwise it is
 /// good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and an output whose element lies
 /// within about `d · 2⁻⁵³` times the row's mean magnitude of the mean can
 /// lose its relative accuracy (`[1e20, 1, 1e-20, -1e20, -1]`). A row whose

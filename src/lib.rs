@@ -56,9 +56,10 @@
 //!   rows near the subnormal range (`1e-310`, whatever `eps`), which are
 //!   rescaled by an exact power of two. Values below the normal range are
 //!   held to multiples of 2⁻¹⁰⁷⁴: such an output, or such an `n` before
-//!   `gamma` scales it, is good to two of those units. A row whose mean
-//!   falls far below its elements (`[1e-60, -1e-60, 1.5e-323, 0]`) is
-//!   rescaled as well, so the outputs near its mean keep their accuracy.
+//!   `gamma` scales it, is good to two of those units. A row whose sum
+//!   falls below 2⁻⁹⁰⁰ while its elements do not
+//!   (`[1e-60, -1e-60, 1.5e-323, 0]`) is scaled up by a power of two as
+//!   well, so that the outputs near its mean keep these bounds.
 //! - Both rest on the mean, taken from a compensated sum good to about
 //!   `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and exact whenever the row's nonzero magnitudes
 //!   lie within about `2⁵³ / d²` of each other, and in other rows too.

@@ -97,14 +97,14 @@ impl NormScalar for f32 {
         value as f32
     }
     /// `hi as f32` is `hi + lo` rounded once unless `hi` lies exactly
-    /// halfway between two `f32` values, where the rounding of `hi` alone
-    /// goes to the even one: `lo` then says which side the sum is on.
-    /// (`hi` cannot be a tie of `f32` and `lo` reach the next one: an `f32`
-    /// ulp is 2²⁹ `f64` ulps.)
+    /// halfway between two `f32` values (or between `±f32::MAX` and the
+    /// overflow to `±∞`), where the rounding of `hi` alone goes to the even
+    /// one: `lo` then says which side the sum is on. (`hi` cannot be a tie
+    /// of `f32` and `lo` reach the next one: an `f32` ulp is 2²⁹ `f64` ulps.)
     fn narrow_sum(hi: f64, lo: f64) -> Self {
         let rounded = hi as f32;
         let back = f64::from(rounded);
-        if back == hi || lo == 0.0 || !rounded.is_finite() {
+        if back == hi || lo == 0.0 || !hi.is_finite() {
             return rounded;
         }
         let (below, above) = if back < hi {
@@ -112,8 +112,16 @@ impl NormScalar for f32 {
         } else {
             (rounded.next_down(), rounded)
         };
-        // The midpoint of two adjacent `f32` values is exact in `f64`.
-        let midpoint = (f64::from(below) + f64::from(above)) * 0.5;
+        // The midpoint of two adjacent `f32` values is exact in `f64`; past
+        // `f32::MAX`, rounding overflows from `MAX` plus half its ulp, 2¹⁰³.
+        let overflow = f64::from(f32::MAX) + 2f64.powi(103);
+        let midpoint = if above == f32::INFINITY {
+            overflow
+        } else if below == f32::NEG_INFINITY {
+            -overflow
+        } else {
+            (f64::from(below) + f64::from(above)) * 0.5
+        };
         match (hi == midpoint, lo > 0.0) {
             (false, _) => rounded,
             (true, true) => above,
@@ -235,6 +243,12 @@ mod tests {
             let off = midpoint + ulp;
             assert_eq!(f32::narrow_sum(off, -ulp / 4.0), off as f32);
         }
+        // Halfway between the largest value and the overflow.
+        let overflow = f64::from(f32::MAX) + 2f64.powi(103);
+        assert_eq!(f32::narrow_sum(overflow, -1e20), f32::MAX);
+        assert_eq!(f32::narrow_sum(overflow, 1e20), f32::INFINITY);
+        assert_eq!(f32::narrow_sum(-overflow, 1e20), -f32::MAX);
+        assert_eq!(f32::narrow_sum(-overflow, -1e20), f32::NEG_INFINITY);
         assert!(f32::narrow_sum(f64::NAN, 1.0).is_nan());
         assert_eq!(f32::narrow_sum(f64::INFINITY, -1.0), f32::INFINITY);
     }

@@ -553,9 +553,19 @@ fn f64_tiny_rows_keep_their_mean_whatever_eps() {
 fn f64_rows_whose_mean_is_far_below_their_elements() {
     let mut rng = Rng(31);
     let unit = f64::from_bits(1);
-    for &v in &[1e-60, 1e-150, 1e-250, 1e-290] {
-        for &d in &[3, 4, 5, 16, 17, 64, 100] {
-            for &t in &[unit, 3.0 * unit, 1e-320, 1e-310, 1e-300] {
+    // Rows of magnitude 1 or more are not scaled down for their mean's
+    // sake, which would make their small elements subnormal.
+    let large = [2f64.powi(100), 2f64.powi(102), 1.0];
+    for &v in [1e-60, 1e-150, 1e-250, 1e-290].iter().chain(&large) {
+        for &d in &[3, 4, 5, 16, 17, 64, 100, 512] {
+            for &t in &[
+                unit,
+                3.0 * unit,
+                1e-320,
+                1e-310,
+                1e-300,
+                1.973317922366116e-279,
+            ] {
                 let mut row = vec![0.0; d];
                 row[0] = v * (1.0 + rng.signed_unit() / 4.0);
                 row[1] = -row[0];

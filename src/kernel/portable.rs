@@ -81,19 +81,34 @@ pub(super) const HUGE_MAGNITUDE: f64 = 1e290;
 /// is exact. (`f32` rows never come this low.)
 pub(super) const TINY_MAGNITUDE: f64 = f64::from_bits((1023 - 900) << 52);
 
-/// Whether a LayerNorm row whose sum has this high part must be rescaled:
-/// a sum that is not zero but below [`TINY_MAGNITUDE`], which a row can
-/// have however large its elements are (`[1e-60, -1e-60, 1.5e-323, 0]`),
-/// gives a mean whose split loses digits to underflow as a row that small
-/// does (its `base` may even be 0). Outputs near the mean are
-/// `(x - mean) · inv_std`, as large as the elements are over their
-/// spread, so they keep those digits only where the row is worked on
-/// times the power of two that brings its magnitude towards 1. (A row
-/// already that large keeps its tiny mean, and the outputs near it are
-/// then tiny too.)
+/// Whether a LayerNorm row whose sum has this high part, and whose largest
+/// element has this `magnitude` (at least [`TINY_MAGNITUDE`]), must be
+/// worked on times [`tiny_mean_scale`] for its mean's sake.
+///
+/// A sum that is not zero but below `TINY_MAGNITUDE`, which a row can have
+/// however large its elements are (`[1e-60, -1e-60, 1.5e-323, 0]`), gives a
+/// mean whose split loses digits to underflow: up to a unit of 2⁻¹⁰⁷⁴
+/// each, which the outputs near the mean, `(x - mean) · inv_std`, carry
+/// times `inv_std` (there 1e60). Scaled so that its magnitude is about
+/// 2¹⁰⁰, the row has a mean whose split keeps its digits (the mean is at
+/// least 2⁻¹⁰⁷⁴ / d before scaling) and an `inv_std` far below 1, so the
+/// outputs keep their relative accuracy, and subnormal ones their two
+/// units. A row of magnitude 2¹⁰⁰ or more already has such an `inv_std`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn sum_is_tiny(sum: f64) -> bool {
-    sum != 0.0 && sum.abs() < TINY_MAGNITUDE
+pub(super) fn mean_needs_rescaling(sum: f64, magnitude: f64) -> bool {
+    sum != 0.0 && sum.abs() < TINY_MAGNITUDE && magnitude < TINY_MEAN_MAGNITUDE
+}
+
+/// The magnitude below which a row with a tiny sum is scaled up, and
+/// about which it is put ([`mean_needs_rescaling`]): 2¹⁰⁰. Squares of that
+/// size cannot overflow a sum of up to 2⁸⁰⁰ of them.
+const TINY_MEAN_MAGNITUDE: f64 = f64::from_bits((1023 + 100) << 52);
+
+/// The power of two that brings `magnitude` (at least [`TINY_MAGNITUDE`],
+/// below [`TINY_MEAN_MAGNITUDE`]) into `[2¹⁰⁰, 2¹⁰¹)`: at most 2¹⁰⁰⁰, so
+/// the factor is a normal number.
+fn tiny_mean_scale(magnitude: f64) -> f64 {
+    scale_below(magnitude, 101)
 }
 
 /// How a chunk is read: as is, or times an exact power of two.
@@ -682,8 +697,14 @@ fn all_finite<A: NormScalar>(x: &[A]) -> bool {
 /// Within that limit the squares of the scaled row can neither overflow nor
 /// become subnormal.
 fn scale_towards_one(magnitude: f64) -> f64 {
+    scale_below(magnitude, 0)
+}
+
+/// The power of two that brings `magnitude` (finite, positive) into
+/// `[2^(exponent - 1), 2^exponent)`, limited to `2^±1000`.
+fn scale_below(magnitude: f64, exponent: i32) -> f64 {
     let biased_exponent = ((magnitude.to_bits() >> 52) & 0x7ff) as i32;
-    let k = (1022 - biased_exponent).clamp(-1000, 1000);
+    let k = (1022 + exponent - biased_exponent).clamp(-1000, 1000);
     f64::from_bits(((k + 1023) as u64) << 52)
 }
 
@@ -842,8 +863,8 @@ pub(super) enum FirstPass {
 /// Pass 1 of [`exact_centring`]: the compensated sum with the extremes, and
 /// the cases it settles (a NaN or an infinity, a constant row, a row that
 /// must be rescaled because its sum overflowed, its magnitude is outside
-/// [`TINY_MAGNITUDE`] to [`HUGE_MAGNITUDE`] or its sum is tiny,
-/// [`sum_is_tiny`]).
+/// [`TINY_MAGNITUDE`] to [`HUGE_MAGNITUDE`] or its mean is far below it,
+/// [`mean_needs_rescaling`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
     let spread_ = spread::<A, V, _>(x, Unscaled);
@@ -855,10 +876,11 @@ pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -
         return FirstPass::Finished(Centring::Constant);
     }
     let magnitude = spread_.magnitude();
-    if spread_.sum.hi.is_finite()
-        && (TINY_MAGNITUDE..HUGE_MAGNITUDE).contains(&magnitude)
-        && !sum_is_tiny(spread_.sum.hi)
-    {
+    if spread_.sum.hi.is_finite() && (TINY_MAGNITUDE..HUGE_MAGNITUDE).contains(&magnitude) {
+        if mean_needs_rescaling(spread_.sum.hi, magnitude) {
+            let scale = tiny_mean_scale(magnitude);
+            return FirstPass::Finished(centring_times::<A, V>(x, eps, scale));
+        }
         return FirstPass::Deviations {
             mean: spread_.sum.divide(x.len() as f64),
             magnitude,
@@ -901,7 +923,13 @@ pub(super) fn rescaled_centring<A: NormScalar, V: Vector>(
     eps: f64,
     magnitude: f64,
 ) -> Centring {
-    let scale = scale_towards_one(magnitude);
+    centring_times::<A, V>(x, eps, scale_towards_one(magnitude))
+}
+
+/// [`centring`] computed on `x · scale`, for a power of two `scale` that
+/// overflows no element. Rare, so kept out of line.
+#[inline(never)]
+fn centring_times<A: NormScalar, V: Vector>(x: &[A], eps: f64, scale: f64) -> Centring {
     let scaled_sum = spread::<A, V, _>(x, Scaled(scale)).sum;
     centre::<A, V, _>(x, Scaled(scale), scaled_sum, eps, Some(scale)).unwrap_or(Centring::NotFinite)
 }

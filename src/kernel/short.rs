@@ -62,10 +62,9 @@
 //! unchanged, and at d = 7 neither was faster.
 
 use super::portable::{
-    centring as long_centring, divide_split, general_row_stats,
-    rms_scaling as portable_rms_scaling, split_from_remainder, sum_is_tiny, two_sum,
-    write_layer_norm, write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE,
-    TINY_MAGNITUDE, TINY_SQUARES,
+    centring as long_centring, divide_split, general_row_stats, mean_needs_rescaling,
+    rms_scaling as portable_rms_scaling, split_from_remainder, two_sum, write_layer_norm,
+    write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{cache, Affine, Io, Params, RowStats};
@@ -240,10 +239,12 @@ fn all_moderate<V: Vector>(sum: V, min: V, max: V) -> bool {
             .all_within(0.0, HUGE_MAGNITUDE.next_down())
 }
 
-/// Whether no lane's `sum` is tiny ([`sum_is_tiny`]), for finite `sum`:
-/// with `q = min(|sum| · 2⁹⁰⁰, 1)`, exact as [`TINY_MAGNITUDE`] is 2⁻⁹⁰⁰,
-/// `q · (1 - q)` is zero for `sum` zero or at least 2⁻⁹⁰⁰, and otherwise
-/// at least 2⁻²²⁷ (`q ≥ 2⁻¹⁷⁴`, `1 - q ≥ 2⁻⁵³`).
+/// Whether no lane's `sum` is both nonzero and below [`TINY_MAGNITUDE`],
+/// for finite `sum`: with `q = min(|sum| · 2⁹⁰⁰, 1)`, exact as
+/// `TINY_MAGNITUDE` is 2⁻⁹⁰⁰, `q · (1 - q)` is zero for `sum` zero or at
+/// least 2⁻⁹⁰⁰, and otherwise at least 2⁻²²⁷ (`q ≥ 2⁻¹⁷⁴`, `1 - q ≥ 2⁻⁵³`).
+/// It passes no row that [`mean_needs_rescaling`] would rescale, and
+/// leaves the rows it stops to the verdict of each.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn no_tiny_sum<V: Vector>(sum: V) -> bool {
     let q = (sum.abs() * V::splat(1.0 / TINY_MAGNITUDE)).min_select(V::splat(1.0));
@@ -360,7 +361,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
             Verdict::General
         } else if min == max {
             Verdict::Constant
-        } else if magnitude < TINY_MAGNITUDE || sum_is_tiny(sum) {
+        } else if magnitude < TINY_MAGNITUDE || mean_needs_rescaling(sum, magnitude) {
             Verdict::General
         } else if squares.is_finite()
             && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
@@ -375,9 +376,9 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn all_normalised<V: Vector>(self, [sum, min, max, squares]: Check<V>) -> bool {
         // Each test implies its clause of `verdict`: `max - min > 0` (so
-        // `min != max`), a magnitude of at least `TINY_MAGNITUDE` and a
-        // sum that is not tiny (which no `f32` row comes below), and
-        // squares that are finite and, unless `eps` hides them, not tiny,
+        // `min != max`), for `f64` rows a magnitude of at least
+        // `TINY_MAGNITUDE` and a sum that is zero or not tiny (no `f32` row
+        // comes below either), and squares that are finite and, unless `eps` hides them, not tiny,
         // nor so large that the denominator could overflow (its zero needs
         // `min == max`).
         all_moderate(sum, min, max)
