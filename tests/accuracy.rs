@@ -556,7 +556,9 @@ fn f64_rows_whose_mean_is_far_below_their_elements() {
     // Rows of magnitude 1 or more are not scaled down for their mean's
     // sake, which would make their small elements subnormal.
     let large = [2f64.powi(100), 2f64.powi(102), 1.0];
-    for &v in [1e-60, 1e-150, 1e-250, 1e-290].iter().chain(&large) {
+    let near_tiny = [2f64.powi(-500), 2f64.powi(-890), 3.0 * 2f64.powi(-901)];
+    let small = [1e-60, 1e-150, 1e-250, 1e-290];
+    for &v in small.iter().chain(&large).chain(&near_tiny) {
         for &d in &[3, 4, 5, 16, 17, 64, 100, 512] {
             for &t in &[
                 unit,
@@ -574,7 +576,9 @@ fn f64_rows_whose_mean_is_far_below_their_elements() {
                     row.swap(i, rng.below(i as u64 + 1) as usize);
                 }
                 let x = Array1::from(row.clone());
-                for &eps in &[0.0, 1e-200] {
+                // A large eps makes the outputs small; scaled up, they
+                // would be subnormal.
+                for &eps in &[0.0, 1e-200, 0.5, 1e20, 1e300] {
                     let truth = exact_layer_norm(&row, eps);
                     let (trained, _) = x
                         .layer_norm_train(&Array1::ones(d), &Array1::zeros(d), eps)

@@ -93,10 +93,14 @@ pub(super) const TINY_MAGNITUDE: f64 = f64::from_bits((1023 - 900) << 52);
 /// 2¹⁰⁰, the row has a mean whose split keeps its digits (the mean is at
 /// least 2⁻¹⁰⁷⁴ / d before scaling) and an `inv_std` far below 1, so the
 /// outputs keep their relative accuracy, and subnormal ones their two
-/// units. A row of magnitude 2¹⁰⁰ or more already has such an `inv_std`.
+/// units. A row of magnitude 2¹⁰⁰ or more already has such an `inv_std`,
+/// and so does every row where `eps` is 1 or more; there, a scale of up to
+/// 2¹⁰⁰⁰ would instead make the scaled `inv_std`, about
+/// `1 / (√eps · scale)`, subnormal. Below 1, `√eps · scale` stays under
+/// 2¹⁰⁰⁰.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn mean_needs_rescaling(sum: f64, magnitude: f64) -> bool {
-    sum != 0.0 && sum.abs() < TINY_MAGNITUDE && magnitude < TINY_MEAN_MAGNITUDE
+pub(super) fn mean_needs_rescaling(sum: f64, magnitude: f64, eps: f64) -> bool {
+    sum != 0.0 && sum.abs() < TINY_MAGNITUDE && magnitude < TINY_MEAN_MAGNITUDE && eps < 1.0
 }
 
 /// The magnitude below which a row with a tiny sum is scaled up, and
@@ -727,7 +731,8 @@ pub(super) fn inverse_root(mean_square: f64, eps: f64, scale: f64) -> f64 {
         }
     } else {
         // eps * scale² overflowed, so eps dwarfs the scaled mean square
-        // (at most 4 · 2⁰): the root is √eps · scale.
+        // (at most 4 · 2²⁰², for a row scaled to below 2¹⁰¹): the root is
+        // √eps · scale.
         1.0 / eps.sqrt() / scale
     }
 }
@@ -877,7 +882,7 @@ pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -
     }
     let magnitude = spread_.magnitude();
     if spread_.sum.hi.is_finite() && (TINY_MAGNITUDE..HUGE_MAGNITUDE).contains(&magnitude) {
-        if mean_needs_rescaling(spread_.sum.hi, magnitude) {
+        if mean_needs_rescaling(spread_.sum.hi, magnitude, eps) {
             let scale = tiny_mean_scale(magnitude);
             return FirstPass::Finished(centring_times::<A, V>(x, eps, scale));
         }

@@ -361,7 +361,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
             Verdict::General
         } else if min == max {
             Verdict::Constant
-        } else if magnitude < TINY_MAGNITUDE || mean_needs_rescaling(sum, magnitude) {
+        } else if magnitude < TINY_MAGNITUDE || mean_needs_rescaling(sum, magnitude, self.eps) {
             Verdict::General
         } else if squares.is_finite()
             && !(squares < TINY_SQUARES && self.eps < EPS_HIDES_TINY)
