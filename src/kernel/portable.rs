@@ -921,8 +921,8 @@ pub(super) fn variance(squares: f64, d: f64, shift: f64, eps: f64) -> Variance {
 }
 
 /// [`centring`] of a row whose squares overflow or underflow: computed on
-/// `x · 2ᵏ`. Rare, so kept out of line.
-#[inline(never)]
+/// `x · 2ᵏ`, the power of two that brings its `magnitude` towards 1
+/// ([`centring_times`], out of line).
 pub(super) fn rescaled_centring<A: NormScalar, V: Vector>(
     x: &[A],
     eps: f64,

@@ -378,9 +378,9 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
         // Each test implies its clause of `verdict`: `max - min > 0` (so
         // `min != max`), for `f64` rows a magnitude of at least
         // `TINY_MAGNITUDE` and a sum that is zero or not tiny (no `f32` row
-        // comes below either), and squares that are finite and, unless `eps` hides them, not tiny,
-        // nor so large that the denominator could overflow (its zero needs
-        // `min == max`).
+        // comes below either), and squares that are finite and, unless
+        // `eps` hides them, not tiny, nor so large that the denominator
+        // could overflow (its zero needs `min == max`).
         all_moderate(sum, min, max)
             && (max - min).all_within(f64::from_bits(1), f64::INFINITY)
             && (size_of::<A>() == size_of::<f32>()
