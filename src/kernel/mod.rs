@@ -176,7 +176,7 @@ impl Isa {
     /// this instruction set, rather than one element at a time.
     pub(crate) fn transposes_in_registers(self) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if self == Isa::Avx512 {
+        if matches!(self, Isa::Avx2 | Isa::Avx512) {
             return true;
         }
         false

@@ -440,7 +440,133 @@ vector_type! {
         store_f32: |first, mask, value| _mm_maskstore_ps(first, mask, _mm256_cvtpd_ps(value)),
         blend: |mask, old, new| _mm256_blendv_pd(old, new, _mm256_castsi256_pd(mask)),
     },
-    overrides: {},
+    // The squares of Fortran-order blocks, and blocks of 16 short rows whose
+    // length is a power of two, move between rows and columns in registers.
+    // AVX2 has neither the two-register permutes that AVX-512 uses for the
+    // other lengths nor scatters: their columns are gathered, and stored
+    // one element at a time.
+    overrides: {
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn all_within(self, low: f64, high: f64) -> bool {
+            // SAFETY: see the module docs: only reached with the features enabled.
+            // Ordered comparisons: false for a NaN lane.
+            unsafe {
+                let (low, high) = (_mm256_set1_pd(low), _mm256_set1_pd(high));
+                let mut inside = _mm256_cmp_pd::<_CMP_EQ_OQ>(low, low);
+                for register in self.0 {
+                    let above = _mm256_cmp_pd::<_CMP_GE_OQ>(register, low);
+                    let below = _mm256_cmp_pd::<_CMP_LE_OQ>(register, high);
+                    inside = _mm256_and_pd(inside, _mm256_and_pd(above, below));
+                }
+                _mm256_movemask_pd(inside) == 0b1111
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_column_f32(rows: &[f32], j: usize, d: usize) -> Self {
+            if !column_fits(rows.len(), j, d) {
+                return Self::from_lanes(&column_lanes(rows, j, d));
+            }
+            // SAFETY: `column_fits`: every offset `l · d + j` (l < 16) is
+            // inside `rows` and fits an `i32`; features: module docs.
+            unsafe {
+                let start = rows.as_ptr().add(j);
+                let (first, second) = avx2_column_offsets(d);
+                let first = _mm256_i32gather_ps::<4>(start, first);
+                let second = _mm256_i32gather_ps::<4>(start, second);
+                Avx2([
+                    _mm256_cvtps_pd(_mm256_castps256_ps128(first)),
+                    _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(first)),
+                    _mm256_cvtps_pd(_mm256_castps256_ps128(second)),
+                    _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(second)),
+                ])
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_column_f64(rows: &[f64], j: usize, d: usize) -> Self {
+            if !column_fits(rows.len(), j, d) {
+                return Self::from_lanes(&column_lanes(rows, j, d));
+            }
+            // SAFETY: as in `load_column_f32`.
+            unsafe {
+                let start = rows.as_ptr().add(j);
+                let (first, second) = avx2_column_offsets(d);
+                Avx2([
+                    _mm256_i32gather_pd::<8>(start, _mm256_castsi256_si128(first)),
+                    _mm256_i32gather_pd::<8>(start, _mm256_extracti128_si256::<1>(first)),
+                    _mm256_i32gather_pd::<8>(start, _mm256_castsi256_si128(second)),
+                    _mm256_i32gather_pd::<8>(start, _mm256_extracti128_si256::<1>(second)),
+                ])
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn transpose_square_f32(src: &[f32], src_lead: usize, dst: &mut [f32], dst_lead: usize) {
+            if !square_fits(src.len(), src_lead, 16) || !square_fits(dst.len(), dst_lead, 16) {
+                return transpose_elements(src, src_lead, dst, dst_lead, 0..16, 0..16);
+            }
+            for (i, j) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
+                // SAFETY: `square_fits`: lines `i .. i + 8` of `src`, 8
+                // elements from column `j`, and lines `j .. j + 8` of `dst`,
+                // 8 from `i`, lie inside the squares checked; features:
+                // module docs.
+                unsafe {
+                    let mut lines = [_mm256_setzero_ps(); 8];
+                    for (k, line) in lines.iter_mut().enumerate() {
+                        *line = _mm256_loadu_ps(src.as_ptr().add((i + k) * src_lead + j));
+                    }
+                    for (k, line) in transpose_8x8(lines).into_iter().enumerate() {
+                        _mm256_storeu_ps(dst.as_mut_ptr().add((j + k) * dst_lead + i), line);
+                    }
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn transpose_square_f64(src: &[f64], src_lead: usize, dst: &mut [f64], dst_lead: usize) {
+            if !square_fits(src.len(), src_lead, 8) || !square_fits(dst.len(), dst_lead, 8) {
+                return transpose_elements(src, src_lead, dst, dst_lead, 0..8, 0..8);
+            }
+            for (i, j) in [(0, 0), (0, 4), (4, 0), (4, 4)] {
+                // SAFETY: as in `transpose_square_f32`, for quarters of 4
+                // lines of 4 of a square of 8.
+                unsafe {
+                    let mut lines = [_mm256_setzero_pd(); 4];
+                    for (k, line) in lines.iter_mut().enumerate() {
+                        *line = _mm256_loadu_pd(src.as_ptr().add((i + k) * src_lead + j));
+                    }
+                    for (k, line) in transpose_4x4(lines).into_iter().enumerate() {
+                        _mm256_storeu_pd(dst.as_mut_ptr().add((j + k) * dst_lead + i), line);
+                    }
+                }
+            }
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, avx2_load_f32_columns(rows, columns), [], {
+                column_by_column::load_f32(rows, d, columns)
+            })
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn load_columns_f64(rows: &[f64], d: usize, columns: &mut [Self; LANES]) {
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, avx2_load_f64_columns(rows, columns), [], {
+                column_by_column::load_f64(rows, d, columns)
+            })
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_columns_f32(columns: &[Self; LANES], rows: &mut [f32], d: usize) {
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, avx2_store_f32_columns(columns, rows), [], {
+                column_by_column::store_f32(columns, rows, d)
+            })
+        }
+        #[cfg_attr(not(debug_assertions), inline(always))]
+        fn store_columns_f64(columns: &[Self; LANES], rows: &mut [f64], d: usize) {
+            let whole = rows.len() == LANES * d;
+            in_registers!(d, whole, avx2_store_f64_columns(columns, rows), [], {
+                column_by_column::store_f64(columns, rows, d)
+            })
+        }
+    },
 }
 
 vector_type! {
@@ -629,6 +755,11 @@ trait Register: Copy {
     fn split_even_odd(self, next: Self) -> (Self, Self);
     /// The inverse of [`Register::split_even_odd`].
     fn interleave(even: Self, odd: Self) -> (Self, Self);
+}
+
+/// A [`Register`] with a permute across two registers (AVX-512's
+/// `vpermt2ps`/`vpermt2pd`), which [`ByPermutes`] needs.
+trait PermuteRegister: Register {
     /// `onto`, with each lane `i` set in `lanes` replaced by element
     /// `indices[i]` of `self` followed by `next`.
     fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self;
@@ -666,6 +797,9 @@ impl Register for __m512 {
             )
         }
     }
+}
+
+impl PermuteRegister for __m512 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self {
         // SAFETY: as in `zero`; the load reads the whole array.
@@ -707,6 +841,9 @@ impl Register for __m512d {
             )
         }
     }
+}
+
+impl PermuteRegister for __m512d {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn permute_onto(self, next: Self, indices: &[i32; 16], lanes: u16, onto: Self) -> Self {
         // SAFETY: as for `__m512`; the load reads the first half of the array.
@@ -718,6 +855,126 @@ impl Register for __m512d {
                 _mm512_permutex2var_pd(self, indices, next),
             )
         }
+    }
+}
+
+impl Register for __m256 {
+    const WIDTH: usize = 8;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn zero() -> Self {
+        // SAFETY: only reached from the methods of `Avx2`: module docs.
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_even_odd(self, next: Self) -> (Self, Self) {
+        // SAFETY: as in `zero`.
+        unsafe {
+            // Within each 128-bit half, `a0 a2 b0 b2 | a4 a6 b4 b6` (and the
+            // odd elements alike); the pairs then move into order.
+            let even = _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(self, next));
+            let odd = _mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(self, next));
+            (
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(even)),
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(odd)),
+            )
+        }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        // SAFETY: as in `zero`.
+        unsafe {
+            // `e0 o0 e1 o1 | e4 o4 e5 o5` and `e2 o2 e3 o3 | e6 o6 e7 o7`.
+            let low = _mm256_unpacklo_ps(even, odd);
+            let high = _mm256_unpackhi_ps(even, odd);
+            (
+                _mm256_permute2f128_ps::<0x20>(low, high),
+                _mm256_permute2f128_ps::<0x31>(low, high),
+            )
+        }
+    }
+}
+
+impl Register for __m256d {
+    const WIDTH: usize = 4;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn zero() -> Self {
+        // SAFETY: as for `__m256`.
+        unsafe { _mm256_setzero_pd() }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn split_even_odd(self, next: Self) -> (Self, Self) {
+        // SAFETY: as for `__m256`.
+        unsafe {
+            // `a0 b0 a2 b2` and `a1 b1 a3 b3`, then the middle two swapped.
+            let even = _mm256_unpacklo_pd(self, next);
+            let odd = _mm256_unpackhi_pd(self, next);
+            (
+                _mm256_permute4x64_pd::<0b11_01_10_00>(even),
+                _mm256_permute4x64_pd::<0b11_01_10_00>(odd),
+            )
+        }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn interleave(even: Self, odd: Self) -> (Self, Self) {
+        // SAFETY: as for `__m256`.
+        unsafe {
+            // `e0 e2 e1 e3` and `o0 o2 o1 o3`, then paired up within halves.
+            let even = _mm256_permute4x64_pd::<0b11_01_10_00>(even);
+            let odd = _mm256_permute4x64_pd::<0b11_01_10_00>(odd);
+            (_mm256_unpacklo_pd(even, odd), _mm256_unpackhi_pd(even, odd))
+        }
+    }
+}
+
+/// 8 lines of 8 `f32` transposed: register `j` of the result holds
+/// element `j` of every line, in line order. Three rounds of shuffles
+/// (pairs of lines, pairs of pairs, halves), 24 in all.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn transpose_8x8(lines: [__m256; 8]) -> [__m256; 8] {
+    // SAFETY: only reached from the methods of `Avx2`: module docs.
+    unsafe {
+        // Lines 2k and 2k + 1 interleaved: `l0 m0 l1 m1 | l4 m4 l5 m5` and
+        // `l2 m2 l3 m3 | l6 m6 l7 m7`.
+        let mut pairs = [_mm256_setzero_ps(); 8];
+        for k in 0..4 {
+            pairs[2 * k] = _mm256_unpacklo_ps(lines[2 * k], lines[2 * k + 1]);
+            pairs[2 * k + 1] = _mm256_unpackhi_ps(lines[2 * k], lines[2 * k + 1]);
+        }
+        // Four lines' elements `c` (halves: `c` and `c + 4`), lines
+        // 0 - 3 in quads 0 - 3, lines 4 - 7 in quads 4 - 7.
+        let mut quads = [_mm256_setzero_ps(); 8];
+        for half in 0..2 {
+            let (p, q) = (4 * half, 4 * half + 2);
+            quads[4 * half] = _mm256_shuffle_ps::<0b01_00_01_00>(pairs[p], pairs[q]);
+            quads[4 * half + 1] = _mm256_shuffle_ps::<0b11_10_11_10>(pairs[p], pairs[q]);
+            quads[4 * half + 2] = _mm256_shuffle_ps::<0b01_00_01_00>(pairs[p + 1], pairs[q + 1]);
+            quads[4 * half + 3] = _mm256_shuffle_ps::<0b11_10_11_10>(pairs[p + 1], pairs[q + 1]);
+        }
+        let mut columns = [_mm256_setzero_ps(); 8];
+        for c in 0..4 {
+            columns[c] = _mm256_permute2f128_ps::<0x20>(quads[c], quads[c + 4]);
+            columns[c + 4] = _mm256_permute2f128_ps::<0x31>(quads[c], quads[c + 4]);
+        }
+        columns
+    }
+}
+
+/// 4 lines of 4 `f64` transposed, as [`transpose_8x8`] does for `f32`.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn transpose_4x4(lines: [__m256d; 4]) -> [__m256d; 4] {
+    // SAFETY: only reached from the methods of `Avx2`: module docs.
+    unsafe {
+        // `l0 m0 l2 m2` and `l1 m1 l3 m3` for lines 0, 1 and for 2, 3.
+        let low = _mm256_unpacklo_pd(lines[0], lines[1]);
+        let high = _mm256_unpackhi_pd(lines[0], lines[1]);
+        let next_low = _mm256_unpacklo_pd(lines[2], lines[3]);
+        let next_high = _mm256_unpackhi_pd(lines[2], lines[3]);
+        [
+            _mm256_permute2f128_pd::<0x20>(low, next_low),
+            _mm256_permute2f128_pd::<0x20>(high, next_high),
+            _mm256_permute2f128_pd::<0x31>(low, next_low),
+            _mm256_permute2f128_pd::<0x31>(high, next_high),
+        ]
     }
 }
 
@@ -765,26 +1022,27 @@ fn columns_to_rows<R: Register, const D: usize>(mut registers: [R; D]) -> [R; D]
     registers
 }
 
-/// How a block of 16 rows of `D` elements moves between rows and columns
-/// in registers.
-trait ColumnMoves<const D: usize> {
-    /// Registers of rows in order (for `f64`, 8 rows) to columns.
-    fn columns<R: Register>(rows: [R; D]) -> [R; D];
+/// How rows of `D` elements, as many as a register of `R` has lanes, move
+/// between rows and columns in registers.
+trait ColumnMoves<R, const D: usize> {
+    /// Registers of rows in order (as many rows as a register has lanes)
+    /// to columns.
+    fn columns(rows: [R; D]) -> [R; D];
     /// The inverse of [`ColumnMoves::columns`].
-    fn rows<R: Register>(columns: [R; D]) -> [R; D];
+    fn rows(columns: [R; D]) -> [R; D];
 }
 
 /// [`rows_to_columns`] and back, for `D` a power of two.
 struct ByRounds;
 
-impl<const D: usize> ColumnMoves<D> for ByRounds {
+impl<R: Register, const D: usize> ColumnMoves<R, D> for ByRounds {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn columns<R: Register>(rows: [R; D]) -> [R; D] {
+    fn columns(rows: [R; D]) -> [R; D] {
         const { assert!(D.is_power_of_two()) };
         rows_to_columns(rows)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn rows<R: Register>(columns: [R; D]) -> [R; D] {
+    fn rows(columns: [R; D]) -> [R; D] {
         const { assert!(D.is_power_of_two()) };
         columns_to_rows(columns)
     }
@@ -793,9 +1051,9 @@ impl<const D: usize> ColumnMoves<D> for ByRounds {
 /// The permutes of [`BlockPermutes`], for any `D`.
 struct ByPermutes;
 
-impl<const D: usize> ColumnMoves<D> for ByPermutes {
+impl<R: PermuteRegister, const D: usize> ColumnMoves<R, D> for ByPermutes {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn columns<R: Register>(rows: [R; D]) -> [R; D] {
+    fn columns(rows: [R; D]) -> [R; D] {
         let table = if R::WIDTH == 16 {
             &BlockPermutes::<D>::LOAD_16
         } else {
@@ -804,7 +1062,7 @@ impl<const D: usize> ColumnMoves<D> for ByPermutes {
         permute_pairs(&rows, table)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn rows<R: Register>(columns: [R; D]) -> [R; D] {
+    fn rows(columns: [R; D]) -> [R; D] {
         let table = if R::WIDTH == 16 {
             &BlockPermutes::<D>::STORE_16
         } else {
@@ -816,7 +1074,7 @@ impl<const D: usize> ColumnMoves<D> for ByPermutes {
 
 /// [`Vector::load_columns_f32`] of `rows`, 16 rows of `D` elements.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn load_f32_columns<const D: usize, M: ColumnMoves<D>>(
+fn load_f32_columns<const D: usize, M: ColumnMoves<__m512, D>>(
     rows: &[f32],
     columns: &mut [Avx512; LANES],
 ) {
@@ -842,7 +1100,7 @@ fn load_f32_columns<const D: usize, M: ColumnMoves<D>>(
 /// 0 - 7 and 8 - 15 are transposed apart, into the two registers of each
 /// column.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn load_f64_columns<const D: usize, M: ColumnMoves<D>>(
+fn load_f64_columns<const D: usize, M: ColumnMoves<__m512d, D>>(
     rows: &[f64],
     columns: &mut [Avx512; LANES],
 ) {
@@ -864,7 +1122,7 @@ fn load_f64_columns<const D: usize, M: ColumnMoves<D>>(
 
 /// [`Vector::store_columns_f32`] into `rows`, 16 rows of `D` elements.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn store_f32_columns<const D: usize, M: ColumnMoves<D>>(
+fn store_f32_columns<const D: usize, M: ColumnMoves<__m512, D>>(
     columns: &[Avx512; LANES],
     rows: &mut [f32],
 ) {
@@ -887,7 +1145,7 @@ fn store_f32_columns<const D: usize, M: ColumnMoves<D>>(
 
 /// [`Vector::store_columns_f64`] into `rows`, 16 rows of `D` elements.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn store_f64_columns<const D: usize, M: ColumnMoves<D>>(
+fn store_f64_columns<const D: usize, M: ColumnMoves<__m512d, D>>(
     columns: &[Avx512; LANES],
     rows: &mut [f64],
 ) {
@@ -902,6 +1160,117 @@ fn store_f64_columns<const D: usize, M: ColumnMoves<D>>(
         for (chunk, register) in half_chunks.iter_mut().zip(M::rows(half)) {
             // SAFETY: as in `store_f32_columns`.
             unsafe { _mm512_storeu_pd(chunk.as_mut_ptr(), register) };
+        }
+    }
+}
+
+/// [`Vector::load_columns_f32`] with AVX2, 16 rows of `D` elements: rows
+/// 0 - 7 and 8 - 15 are transposed apart, and each half of a column widens
+/// into two registers.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx2_load_f32_columns<const D: usize, M: ColumnMoves<__m256, D>>(
+    rows: &[f32],
+    columns: &mut [Avx2; LANES],
+) {
+    // SAFETY: only reached from the methods of `Avx2` (module docs).
+    let mut registers = unsafe { [[_mm256_setzero_ps(); D]; 2] };
+    let (chunks, _) = rows.as_chunks::<8>();
+    for (half, half_chunks) in registers.iter_mut().zip(chunks.chunks(D)) {
+        for (register, chunk) in half.iter_mut().zip(half_chunks) {
+            // SAFETY: features as above; the load reads one whole chunk.
+            *register = unsafe { _mm256_loadu_ps(chunk.as_ptr()) };
+        }
+    }
+    let [first, second] = registers;
+    let pairs = M::columns(first).into_iter().zip(M::columns(second));
+    for (column, (low, high)) in columns.iter_mut().zip(pairs) {
+        // SAFETY: features as above; no memory is accessed.
+        *column = unsafe {
+            Avx2([
+                _mm256_cvtps_pd(_mm256_castps256_ps128(low)),
+                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(low)),
+                _mm256_cvtps_pd(_mm256_castps256_ps128(high)),
+                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(high)),
+            ])
+        };
+    }
+}
+
+/// [`Vector::load_columns_f64`] with AVX2, 16 rows of `D` elements: each
+/// quarter of 4 rows is transposed on its own, into one register of each
+/// column.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx2_load_f64_columns<const D: usize, M: ColumnMoves<__m256d, D>>(
+    rows: &[f64],
+    columns: &mut [Avx2; LANES],
+) {
+    // SAFETY: as in `avx2_load_f32_columns`.
+    let mut registers = unsafe { [[_mm256_setzero_pd(); D]; 4] };
+    let (chunks, _) = rows.as_chunks::<4>();
+    for (quarter, quarter_chunks) in registers.iter_mut().zip(chunks.chunks(D)) {
+        for (register, chunk) in quarter.iter_mut().zip(quarter_chunks) {
+            // SAFETY: as in `avx2_load_f32_columns`.
+            *register = unsafe { _mm256_loadu_pd(chunk.as_ptr()) };
+        }
+    }
+    let mut quarters = registers;
+    for quarter in &mut quarters {
+        *quarter = M::columns(*quarter);
+    }
+    for (j, column) in columns.iter_mut().enumerate().take(D) {
+        *column = Avx2([
+            quarters[0][j],
+            quarters[1][j],
+            quarters[2][j],
+            quarters[3][j],
+        ]);
+    }
+}
+
+/// [`Vector::store_columns_f32`] with AVX2, into 16 rows of `D` elements.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx2_store_f32_columns<const D: usize, M: ColumnMoves<__m256, D>>(
+    columns: &[Avx2; LANES],
+    rows: &mut [f32],
+) {
+    // SAFETY: as in `avx2_load_f32_columns`.
+    let mut registers = unsafe { [[_mm256_setzero_ps(); D]; 2] };
+    for (j, column) in columns.iter().enumerate().take(D) {
+        for (half, pair) in registers.iter_mut().zip(column.0.as_chunks::<2>().0) {
+            // SAFETY: as in `avx2_load_f32_columns`.
+            half[j] = unsafe {
+                let low = _mm256_cvtpd_ps(pair[0]);
+                _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(low), _mm256_cvtpd_ps(pair[1]))
+            };
+        }
+    }
+    let chunks = rows.as_chunks_mut::<8>().0;
+    for (half_chunks, half) in chunks.chunks_mut(D).zip(registers) {
+        for (chunk, register) in half_chunks.iter_mut().zip(M::rows(half)) {
+            // SAFETY: features as above; the store writes one whole chunk.
+            unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), register) };
+        }
+    }
+}
+
+/// [`Vector::store_columns_f64`] with AVX2, into 16 rows of `D` elements.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx2_store_f64_columns<const D: usize, M: ColumnMoves<__m256d, D>>(
+    columns: &[Avx2; LANES],
+    rows: &mut [f64],
+) {
+    // SAFETY: as in `avx2_load_f32_columns`.
+    let mut registers = unsafe { [[_mm256_setzero_pd(); D]; 4] };
+    for (j, column) in columns.iter().enumerate().take(D) {
+        for (quarter, &register) in registers.iter_mut().zip(&column.0) {
+            quarter[j] = register;
+        }
+    }
+    let chunks = rows.as_chunks_mut::<4>().0;
+    for (quarter_chunks, quarter) in chunks.chunks_mut(D).zip(registers) {
+        for (chunk, register) in quarter_chunks.iter_mut().zip(M::rows(quarter)) {
+            // SAFETY: as in `avx2_store_f32_columns`.
+            unsafe { _mm256_storeu_pd(chunk.as_mut_ptr(), register) };
         }
     }
 }
@@ -966,7 +1335,7 @@ const fn store_permutes(d: usize, lanes: usize) -> [[Permute; 8]; 16] {
 /// Each of `D` outputs assembled from pairs of `D` inputs by the permutes of
 /// `table` (one row of it per output), blended by their lanes.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn permute_pairs<R: Register, const D: usize>(
+fn permute_pairs<R: PermuteRegister, const D: usize>(
     inputs: &[R; D],
     table: &[[Permute; 8]; 16],
 ) -> [R; D] {
@@ -1010,7 +1379,7 @@ fn avx2_mask_32(count: usize, register: usize) -> __m128i {
 
 /// Whether the 16 elements `l · d + j` of a column lie inside rows of
 /// `len` elements and their offsets fit an `i32`, as the gathers and
-/// scatters of [`Avx512`] need.
+/// scatters of [`Avx512`] and the gathers of [`Avx2`] need.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn column_fits(len: usize, j: usize, d: usize) -> bool {
     j < d && d <= LANES && (LANES - 1) * d + j < len
@@ -1033,6 +1402,21 @@ fn column_offsets(d: usize) -> __m512i {
     unsafe {
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         _mm512_mullo_epi32(lanes, _mm512_set1_epi32(d as i32))
+    }
+}
+
+/// The offsets `l · d` of lanes `l = 0 .. 8` and `8 .. 16`, for `d <=
+/// LANES` (checked by [`column_fits`]), so the products are small.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn avx2_column_offsets(d: usize) -> (__m256i, __m256i) {
+    // SAFETY: only called by the methods of `Avx2`: see the module docs.
+    unsafe {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let first = _mm256_mullo_epi32(lanes, _mm256_set1_epi32(d as i32));
+        (
+            first,
+            _mm256_add_epi32(first, _mm256_set1_epi32(8 * d as i32)),
+        )
     }
 }
 

@@ -607,8 +607,8 @@ const LINE_TILE_COLUMNS: usize = 16;
 /// element per row visit; the transposition then happens between the tile,
 /// which sits in L1, and whole cache lines of the rows, by the kernel's
 /// [`transpose_lines`]: squares of a cache line each way in registers where
-/// the instruction set allows (AVX-512), element by element elsewhere and at
-/// the edges. Scattering goes the other way through the same tile.
+/// the instruction set allows (AVX-512, AVX2), element by element elsewhere
+/// and at the edges. Scattering goes the other way through the same tile.
 ///
 /// Against the `Zip` tiles of [`copy_block`], the tile with element-wise
 /// moves took Fortran-order `f32` `layer_norm_into` at one thread from 1.56
