@@ -76,8 +76,8 @@
 //! | 13 | 1.96 - 2.04 -> 1.95 - 2.34 | 3.13 - 4.05 -> 2.42 - 2.58 | 1.71 - 2.15 -> 1.86 - 1.99 | 3.19 - 3.62 -> 2.62 - 2.88 |
 //! | 16 | 1.51 - 1.57 -> 0.97 - 1.47 | 2.71 - 2.89 -> 1.92 - 2.47 | 1.61 - 2.23 -> 1.70 - 2.39 | 2.56 - 2.94 -> 2.15 - 2.25 |
 //!
-//! RMSNorm of 3 and 13 elements, whose block tests are few, is no faster
-//! with the gathers, and no slower.
+//! RMSNorm of 3 and 13 elements, whose block tests are few, gained nothing
+//! from the gathers that these runs could tell from their noise.
 
 use super::portable::{
     centring as long_centring, divide_split, general_row_stats, mean_needs_rescaling,

@@ -744,8 +744,8 @@ vector_type! {
     },
 }
 
-/// An AVX-512 register of `f32` or `f64` lanes, as the column moves of
-/// short rows ([`ColumnMoves`]) handle them.
+/// An AVX-512 or AVX2 register of `f32` or `f64` lanes, as the column
+/// moves of short rows ([`ColumnMoves`]) handle them.
 trait Register: Copy {
     /// Lanes per register.
     const WIDTH: usize;
