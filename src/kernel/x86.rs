@@ -928,7 +928,10 @@ impl Register for __m256d {
 
 /// 8 lines of 8 `f32` transposed: register `j` of the result holds
 /// element `j` of every line, in line order. Three rounds of shuffles
-/// (pairs of lines, pairs of pairs, halves), 24 in all.
+/// (pairs of lines, pairs of pairs, halves), 24 in all: the rounds of
+/// [`rows_to_columns`] would take 48 here, half of them across the
+/// register's 128-bit halves, so the squares of Fortran-order tiles take
+/// this classic transpose (and [`transpose_4x4`], 8 shuffles against 16).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn transpose_8x8(lines: [__m256; 8]) -> [__m256; 8] {
     // SAFETY: only reached from the methods of `Avx2`: module docs.
