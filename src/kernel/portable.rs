@@ -220,27 +220,42 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
     state
 }
 
+/// Runs `$step` once for each width of the lane trees, `LANES / 2` down to
+/// 1, with `$width` bound to it. The steps are spelt out rather than looped
+/// so that each is compiled with its width known: a loop over the widths
+/// was left rolled where its body was large (the compensated tree), and the
+/// register moves of [`Vector::lanes_from`], of a length known only at run
+/// time, became calls to `memcpy`, around which every vector register was
+/// saved to the stack and reloaded.
+macro_rules! halving_widths {
+    ($width:ident => $step:expr) => {{
+        const _: () = assert!(LANES == 16, "the widths below halve 16 lanes");
+        let $width: usize = 8;
+        $step;
+        let $width: usize = 4;
+        $step;
+        let $width: usize = 2;
+        $step;
+        let $width: usize = 1;
+        $step;
+    }};
+}
+
 /// The lanes added by a fixed halving tree (lane `l` takes lane `l + w` for
 /// `w = LANES/2, LANES/4, …, 1`).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn lane_sum<V: Vector>(mut v: V) -> f64 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        v = v + v.lanes_from(width);
-    }
+    halving_widths!(width => v = v + v.lanes_from(width));
     v.first_lane()
 }
 
 /// The smallest lane of `min` and the largest of `max`, by the same tree.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn lane_min_max<V: Vector>(mut min: V, mut max: V) -> (f64, f64) {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
+    halving_widths!(width => {
         min = min.min_select(min.lanes_from(width));
         max = max.max_select(max.lanes_from(width));
-    }
+    });
     (min.first_lane(), max.first_lane())
 }
 
@@ -288,13 +303,11 @@ impl<V: Vector> CompensatedSum<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn total_pair(self) -> Pair {
         let CompensatedSum { mut high, mut low } = self;
-        let mut width = LANES;
-        while width > 1 {
-            width /= 2;
+        halving_widths!(width => {
             let (sum, err) = two_sum(high, high.lanes_from(width));
             low = (low + low.lanes_from(width)) + err;
             high = sum;
-        }
+        });
         let (hi, lo) = two_sum(high.first_lane(), low.first_lane());
         Pair { hi, lo }
     }
