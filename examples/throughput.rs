@@ -583,8 +583,8 @@ fn sections<A: Elem>(
         for (_, pool) in pools {
             let (copy, alloc) = pool.install(|| {
                 (
-                    copy_time(&mut spare, &input, 3, 1),
-                    alloc_copy_time(&input, 3, 1),
+                    copy_time(&mut spare, &input, 2, 1),
+                    alloc_copy_time(&input, 2, 1),
                 )
             });
             big_baselines.push(Baseline::new(copy / big as f64, alloc / big as f64));
@@ -609,7 +609,7 @@ fn sections<A: Elem>(
         // the ceiling of `stats`, which only reads.
         for (p, (threads, pool)) in pools.iter().enumerate() {
             let (read_seconds, copy_seconds) =
-                pool.install(|| (read_time(&input, 3), copy_time(&mut spare, &input, 3, 1)));
+                pool.install(|| (read_time(&input, 2), copy_time(&mut spare, &input, 2, 1)));
             let per_element = copy_seconds / big as f64;
             let copy_seconds = big_baselines
                 .and_then(|b| b.get(p))
@@ -635,7 +635,7 @@ fn sections<A: Elem>(
         for d in [64, 100, 768, 4096, 16384] {
             let rows = ((256 << 10) / elem / d).max(1);
             let case = Case {
-                reps: 7,
+                reps: 5,
                 batch: (16 << 20) / (rows * d * elem),
                 naive: true,
                 ..base(pools, rows, d, Layout::C, &NORMS)
