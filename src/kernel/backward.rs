@@ -498,44 +498,72 @@ trait Deviate<V>: Copy {
     fn deviation(self, x: V) -> V;
 }
 
-/// LayerNorm's `e = x · scale - base`, the multiplication skipped when
-/// `scale` is 1 (exact, so the bits agree).
+/// LayerNorm's `e = x · scale - base`. Without `SCALED` the scale is 1 and
+/// the multiplication is skipped (exact, so the bits agree).
+///
+/// Whether a row is scaled is a type, not a test in each chunk: each row
+/// chooses once ([`is_scaled`]), and the loops over its chunks hold no
+/// branch. With the test inside, the AVX2 build of pass A kept one of its
+/// four accumulator registers on the stack, loaded and stored again in every
+/// chunk.
 #[derive(Clone, Copy)]
-struct FromBase<V> {
-    scale: Option<V>,
+struct FromBase<V, const SCALED: bool> {
+    scale: V,
     base: V,
 }
 
-impl<V: Vector> Deviate<V> for FromBase<V> {
+impl<V: Vector, const SCALED: bool> FromBase<V, SCALED> {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn deviation(self, x: V) -> V {
-        match self.scale {
-            Some(scale) => x * scale - self.base,
-            None => x - self.base,
+    fn new(scale: f64, base: f64) -> Self {
+        FromBase {
+            scale: V::splat(scale),
+            base: V::splat(base),
         }
     }
 }
 
-/// RMSNorm's `e = x · scale`, skipped when `scale` is 1.
+impl<V: Vector, const SCALED: bool> Deviate<V> for FromBase<V, SCALED> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn deviation(self, x: V) -> V {
+        if SCALED {
+            x * self.scale - self.base
+        } else {
+            x - self.base
+        }
+    }
+}
+
+/// RMSNorm's `e = x · scale`, skipped without `SCALED` (see [`FromBase`]).
 #[derive(Clone, Copy)]
-struct Scaled<V> {
-    scale: Option<V>,
+struct Scaled<V, const SCALED: bool> {
+    scale: V,
 }
 
-impl<V: Vector> Deviate<V> for Scaled<V> {
+impl<V: Vector, const SCALED: bool> Scaled<V, SCALED> {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn deviation(self, x: V) -> V {
-        match self.scale {
-            Some(scale) => x * scale,
-            None => x,
+    fn new(scale: f64) -> Self {
+        Scaled {
+            scale: V::splat(scale),
         }
     }
 }
 
-/// `Some(splat(scale))` unless `scale` is 1.
+impl<V: Vector, const SCALED: bool> Deviate<V> for Scaled<V, SCALED> {
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn deviation(self, x: V) -> V {
+        if SCALED {
+            x * self.scale
+        } else {
+            x
+        }
+    }
+}
+
+/// Whether a row's data is multiplied by `scale` (a power of two other than
+/// 1, for a row that was rescaled) before its deviations are taken.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn optional<V: Vector>(scale: f64) -> Option<V> {
-    (scale != 1.0).then(|| V::splat(scale))
+fn is_scaled(scale: f64) -> bool {
+    scale != 1.0
 }
 
 /// The row sums of pass A: `Σ gᵢ`, `Σ gᵢ eᵢ` and `Σ eᵢ²`, each a
@@ -1023,10 +1051,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
         FirstPass::Deviations { mean, magnitude } => (mean, magnitude),
     };
     let (base, shift) = (mean.base, mean.shift);
-    let deviate = FromBase {
-        scale: None,
-        base: V::splat(base),
-    };
+    let deviate = FromBase::<V, false>::new(1.0, base);
     let ((g_sum, ge_sum), squares) =
         pass_a::<A, V, _, true, true>(row, deviate, ahead_in_pass_a::<A>(ahead));
     let d = x.len() as f64;
@@ -1054,11 +1079,13 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     ahead: Ahead,
     partials: &mut Partials,
 ) {
-    let deviate = FromBase {
-        scale: optional::<V>(stats.scale),
-        base: V::splat(stats.mean.base),
+    let (scale, base) = (stats.scale, stats.mean.base);
+    let ahead_in_a = ahead_in_pass_a::<A>(ahead);
+    let (sums, _) = if is_scaled(scale) {
+        pass_a::<A, V, _, true, false>(row, FromBase::<V, true>::new(scale, base), ahead_in_a)
+    } else {
+        pass_a::<A, V, _, true, false>(row, FromBase::<V, false>::new(scale, base), ahead_in_a)
     };
-    let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate, ahead_in_pass_a::<A>(ahead));
     layer_norm_pass_b::<A, V, S>(row, dx, stats, sums, ahead, partials);
 }
 
@@ -1068,6 +1095,23 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
 /// cancel.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    stats: RowCentring,
+    sums: (BlockedSum<V>, BlockedSum<V>),
+    ahead: Ahead,
+    partials: &mut Partials,
+) {
+    if is_scaled(stats.scale) {
+        layer_norm_pass_b_of::<A, V, S, true>(row, dx, stats, sums, ahead, partials);
+    } else {
+        layer_norm_pass_b_of::<A, V, S, false>(row, dx, stats, sums, ahead, partials);
+    }
+}
+
+/// [`layer_norm_pass_b`] of a row that is `SCALED` or not.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn layer_norm_pass_b_of<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
@@ -1086,10 +1130,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
             },
         inv_std,
     } = stats;
-    let deviate = FromBase {
-        scale: optional::<V>(scale),
-        base: V::splat(nearest),
-    };
+    let deviate = FromBase::<V, SCALED>::new(scale, nearest);
     if inv_std.is_infinite() {
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<true>);
     }
@@ -1171,7 +1212,7 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     partials: &mut Partials,
 ) {
     let x = row.0;
-    let deviate = Scaled { scale: None };
+    let deviate = Scaled::<V, false>::new(1.0);
     let ((_, gx_sum), squares) =
         pass_a::<A, V, _, false, true>(row, deviate, ahead_in_pass_a::<A>(ahead));
     if x.len() <= SHORT_ROW {
@@ -1206,11 +1247,13 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     ahead: Ahead,
     partials: &mut Partials,
 ) {
-    let deviate = Scaled {
-        scale: optional::<V>(stats.scale),
+    let scale = stats.scale;
+    let ahead_in_a = ahead_in_pass_a::<A>(ahead);
+    let ((_, gx_sum), _) = if is_scaled(scale) {
+        pass_a::<A, V, _, false, false>(row, Scaled::<V, true>::new(scale), ahead_in_a)
+    } else {
+        pass_a::<A, V, _, false, false>(row, Scaled::<V, false>::new(scale), ahead_in_a)
     };
-    let ((_, gx_sum), _) =
-        pass_a::<A, V, _, false, false>(row, deviate, ahead_in_pass_a::<A>(ahead));
     rms_norm_pass_b::<A, V, S>(row, dx, stats, gx_sum, ahead, partials);
 }
 
@@ -1225,10 +1268,25 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
     ahead: Ahead,
     partials: &mut Partials,
 ) {
+    if is_scaled(stats.scale) {
+        rms_norm_pass_b_of::<A, V, S, true>(row, dx, stats, gx_sum, ahead, partials);
+    } else {
+        rms_norm_pass_b_of::<A, V, S, false>(row, dx, stats, gx_sum, ahead, partials);
+    }
+}
+
+/// [`rms_norm_pass_b`] of a row that is `SCALED` or not.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn rms_norm_pass_b_of<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+    row: (&[A], &[A], &[f64]),
+    dx: &mut [A],
+    stats: RowScaling,
+    gx_sum: BlockedSum<V>,
+    ahead: Ahead,
+    partials: &mut Partials,
+) {
     let RowScaling { scale, inv_rms } = stats;
-    let deviate = Scaled {
-        scale: optional::<V>(scale),
-    };
+    let deviate = Scaled::<V, SCALED>::new(scale);
     if inv_rms.is_infinite() {
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<false>);
     }
@@ -1244,7 +1302,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::simd::{Arith, Portable};
+    use super::super::simd::Portable;
     use super::*;
 
     #[test]
@@ -1331,10 +1389,7 @@ mod tests {
         let dy: Vec<f64> = (0..d).map(|i| if i == 0 { big } else { 1.0 }).collect();
         let x = vec![0.0; d];
         let gain = Gain::Gamma(&vec![1.0; d]).widened();
-        let deviate = FromBase {
-            scale: None,
-            base: Portable::splat(0.0),
-        };
+        let deviate = FromBase::<Portable, false>::new(1.0, 0.0);
         let row = (&x[..], &dy[..], &gain[..]);
         let ((g_sum, _), _) = pass_a::<f64, Portable, _, true, false>(row, deviate, None);
         assert_eq!(g_sum.plain_total(), big + (d - 1 - (BLOCK - 1)) as f64);
@@ -1349,10 +1404,7 @@ mod tests {
         let dy: Vec<f64> = (0..d).map(|i| i as f64 - 4.0).collect();
         let weights: Vec<f64> = (0..d).map(|i| 0.5 + (i % 3) as f64).collect();
         let gain = Gain::Gamma(&weights).widened();
-        let deviate = FromBase {
-            scale: None,
-            base: Portable::splat(2.0),
-        };
+        let deviate = FromBase::<Portable, false>::new(1.0, 2.0);
         let row = (&x[..], &dy[..], &gain[..]);
         let ((g_sum, ge_sum), squares) = pass_a::<f64, Portable, _, true, true>(row, deviate, None);
         // Small integers and halves: every sum is exact.
@@ -1396,10 +1448,7 @@ mod tests {
             let dy = vec![1.0; d];
             let gain = Gain::Gamma(&vec![1.0; d]).widened();
             let base = 0.25;
-            let deviate = FromBase {
-                scale: None,
-                base: Portable::splat(base),
-            };
+            let deviate = FromBase::<Portable, false>::new(1.0, base);
             let row = (&x[..], &dy[..], &gain[..]);
             let (_, squares) = pass_a::<f64, Portable, _, true, true>(row, deviate, None);
             let forward = centred_square_sum::<f64, Portable>(&x, base, 0.0);
@@ -1428,10 +1477,7 @@ mod tests {
             panic!("an ordinary row");
         };
         let (base, shift) = (mean.base, mean.shift);
-        let deviate = FromBase {
-            scale: None,
-            base: Portable::splat(base),
-        };
+        let deviate = FromBase::<Portable, false>::new(1.0, base);
         let (_, squares) = pass_a::<f64, Portable, _, true, true>((&x, &dy, &gain), deviate, None);
         let branch = variance(squares.plain_total(), d as f64, shift, 0.0);
         assert!(
