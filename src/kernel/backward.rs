@@ -504,7 +504,7 @@ trait Deviate<V>: Copy {
 /// Whether a row is scaled is a type, not a test in each chunk: each row
 /// chooses once ([`is_scaled`]), and the loops over its chunks hold no
 /// branch. With the test inside, the AVX2 build of pass A kept one of its
-/// four accumulator registers on the stack, loaded and stored again in every
+/// accumulator registers on the stack, loaded and stored again in every
 /// chunk.
 #[derive(Clone, Copy)]
 struct FromBase<V, const SCALED: bool> {
