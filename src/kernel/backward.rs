@@ -566,6 +566,20 @@ fn is_scaled(scale: f64) -> bool {
     scale != 1.0
 }
 
+/// Evaluates `$body` with the constant `$scaled` set to [`is_scaled`] of
+/// `$scale`: the one choice per row of [`FromBase`] and [`Scaled`].
+macro_rules! with_scaling {
+    ($scale:expr, $scaled:ident => $body:expr) => {
+        if is_scaled($scale) {
+            const $scaled: bool = true;
+            $body
+        } else {
+            const $scaled: bool = false;
+            $body
+        }
+    };
+}
+
 /// The row sums of pass A: `Σ gᵢ`, `Σ gᵢ eᵢ` and `Σ eᵢ²`, each a
 /// [`BlockedSum`] (element `i` in lane `i % LANES`).
 type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
@@ -1065,7 +1079,8 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
         }
     };
     let stats = RowCentring::from_centring(x, mean.centring(1.0, inverse_root(var, eps, 1.0)), eps);
-    layer_norm_pass_b::<A, V, S>(row, dx, stats, (g_sum, ge_sum), ahead, partials);
+    // Statistics of the unscaled row: scale 1.
+    layer_norm_pass_b::<A, V, S, false>(row, dx, stats, (g_sum, ge_sum), ahead, partials);
 }
 
 /// LayerNorm backward of one row from its saved statistics.
@@ -1079,14 +1094,12 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     ahead: Ahead,
     partials: &mut Partials,
 ) {
-    let (scale, base) = (stats.scale, stats.mean.base);
-    let ahead_in_a = ahead_in_pass_a::<A>(ahead);
-    let (sums, _) = if is_scaled(scale) {
-        pass_a::<A, V, _, true, false>(row, FromBase::<V, true>::new(scale, base), ahead_in_a)
-    } else {
-        pass_a::<A, V, _, true, false>(row, FromBase::<V, false>::new(scale, base), ahead_in_a)
-    };
-    layer_norm_pass_b::<A, V, S>(row, dx, stats, sums, ahead, partials);
+    with_scaling!(stats.scale, SCALED => {
+        let deviate = FromBase::<V, SCALED>::new(stats.scale, stats.mean.base);
+        let (sums, _) =
+            pass_a::<A, V, _, true, false>(row, deviate, ahead_in_pass_a::<A>(ahead));
+        layer_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, sums, ahead, partials);
+    });
 }
 
 /// The row's means from the sums of pass A, then pass B. With
@@ -1094,24 +1107,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
 /// `shift` is below the rounding of the mean, so the subtraction does not
 /// cancel.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
-    row: (&[A], &[A], &[f64]),
-    dx: &mut [A],
-    stats: RowCentring,
-    sums: (BlockedSum<V>, BlockedSum<V>),
-    ahead: Ahead,
-    partials: &mut Partials,
-) {
-    if is_scaled(stats.scale) {
-        layer_norm_pass_b_of::<A, V, S, true>(row, dx, stats, sums, ahead, partials);
-    } else {
-        layer_norm_pass_b_of::<A, V, S, false>(row, dx, stats, sums, ahead, partials);
-    }
-}
-
-/// [`layer_norm_pass_b`] of a row that is `SCALED` or not.
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_pass_b_of<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
@@ -1130,6 +1126,7 @@ fn layer_norm_pass_b_of<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
             },
         inv_std,
     } = stats;
+    debug_assert_eq!(SCALED, is_scaled(scale));
     let deviate = FromBase::<V, SCALED>::new(scale, nearest);
     if inv_std.is_infinite() {
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<true>);
@@ -1215,19 +1212,20 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     let deviate = Scaled::<V, false>::new(1.0);
     let ((_, gx_sum), squares) =
         pass_a::<A, V, _, false, true>(row, deviate, ahead_in_pass_a::<A>(ahead));
+    // Below, the scale of every `Some` scaling is 1.
     if x.len() <= SHORT_ROW {
         // Short rows: the forward kernel's own scale where it has one (see
         // `rms_scaling`), so that it has the bits the training forward saves.
         if let Some(scaling) = short::rms_scaling(x, eps) {
             let stats = RowScaling::from_scaling(Some(scaling));
-            rms_norm_pass_b::<A, V, S>(row, dx, stats, gx_sum, ahead, partials);
+            rms_norm_pass_b::<A, V, S, false>(row, dx, stats, gx_sum, ahead, partials);
             return;
         }
     }
     match rms_from_squares(squares.plain_total(), x.len() as f64, eps) {
         Some(scaling) => {
             let stats = RowScaling::from_scaling(Some(scaling));
-            rms_norm_pass_b::<A, V, S>(row, dx, stats, gx_sum, ahead, partials);
+            rms_norm_pass_b::<A, V, S, false>(row, dx, stats, gx_sum, ahead, partials);
         }
         None => {
             let stats = RowScaling::from_scaling(rescaled_rms_scaling::<A, V>(x, eps));
@@ -1247,37 +1245,18 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     ahead: Ahead,
     partials: &mut Partials,
 ) {
-    let scale = stats.scale;
-    let ahead_in_a = ahead_in_pass_a::<A>(ahead);
-    let ((_, gx_sum), _) = if is_scaled(scale) {
-        pass_a::<A, V, _, false, false>(row, Scaled::<V, true>::new(scale), ahead_in_a)
-    } else {
-        pass_a::<A, V, _, false, false>(row, Scaled::<V, false>::new(scale), ahead_in_a)
-    };
-    rms_norm_pass_b::<A, V, S>(row, dx, stats, gx_sum, ahead, partials);
+    with_scaling!(stats.scale, SCALED => {
+        let deviate = Scaled::<V, SCALED>::new(stats.scale);
+        let ((_, gx_sum), _) =
+            pass_a::<A, V, _, false, false>(row, deviate, ahead_in_pass_a::<A>(ahead));
+        rms_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, gx_sum, ahead, partials);
+    });
 }
 
 /// The row's mean from the sum of pass A, then pass B:
 /// `Σ gᵢ nᵢ = Σ gᵢ eᵢ · inv_rms`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store>(
-    row: (&[A], &[A], &[f64]),
-    dx: &mut [A],
-    stats: RowScaling,
-    gx_sum: BlockedSum<V>,
-    ahead: Ahead,
-    partials: &mut Partials,
-) {
-    if is_scaled(stats.scale) {
-        rms_norm_pass_b_of::<A, V, S, true>(row, dx, stats, gx_sum, ahead, partials);
-    } else {
-        rms_norm_pass_b_of::<A, V, S, false>(row, dx, stats, gx_sum, ahead, partials);
-    }
-}
-
-/// [`rms_norm_pass_b`] of a row that is `SCALED` or not.
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_pass_b_of<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowScaling,
@@ -1286,6 +1265,7 @@ fn rms_norm_pass_b_of<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     partials: &mut Partials,
 ) {
     let RowScaling { scale, inv_rms } = stats;
+    debug_assert_eq!(SCALED, is_scaled(scale));
     let deviate = Scaled::<V, SCALED>::new(scale);
     if inv_rms.is_infinite() {
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<false>);
