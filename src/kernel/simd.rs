@@ -194,6 +194,26 @@ pub trait Vector: Arith {
     /// One step of the halving tree that reduces a vector to one lane.
     fn lanes_from(self, width: usize) -> Self;
 
+    /// One register of the vector (the whole vector where it is a plain
+    /// array), for the reductions whose result does not depend on the order
+    /// in which the lanes meet: the least and the greatest of values that
+    /// hold no NaN, where the sign of a zero does not matter. Folding a
+    /// vector into one register as it is read keeps such an accumulator to
+    /// one register where the vector is several, which leaves the others to
+    /// the sums beside it.
+    type Part: Copy;
+    /// Every lane of a part set to `value`.
+    fn part_splat(value: f64) -> Self::Part;
+    /// The least of `part` and of every lane of `self`, lane by lane of the
+    /// part.
+    fn min_into(self, part: Self::Part) -> Self::Part;
+    /// The greatest of `part` and of every lane of `self`, likewise.
+    fn max_into(self, part: Self::Part) -> Self::Part;
+    /// The least lane of a part.
+    fn part_min(part: Self::Part) -> f64;
+    /// The greatest lane of a part.
+    fn part_max(part: Self::Part) -> f64;
+
     /// Lanes below `active` from `self`, the others from `old`.
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn blend(self, old: Self, active: usize) -> Self {
@@ -446,6 +466,27 @@ impl Vector for Portable {
         let mut lanes = self.0;
         lanes.copy_within(width..2 * width, 0);
         Portable(lanes)
+    }
+    type Part = Self;
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn part_splat(value: f64) -> Self {
+        Self::splat(value)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn min_into(self, part: Self) -> Self {
+        part.min_select(self)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn max_into(self, part: Self) -> Self {
+        part.max_select(self)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn part_min(part: Self) -> f64 {
+        part.0.into_iter().fold(f64::INFINITY, f64::min_select)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn part_max(part: Self) -> f64 {
+        part.0.into_iter().fold(f64::NEG_INFINITY, f64::max_select)
     }
 }
 

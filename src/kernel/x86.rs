@@ -294,6 +294,58 @@ macro_rules! vector_type {
                 unsafe { $first(self.0[0]) }
             }
 
+            type Part = $register;
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn part_splat(value: f64) -> $register {
+                Self::splat(value).0[0]
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn min_into(self, part: $register) -> $register {
+                // The registers in pairs, then the pairs' results, so that
+                // the accumulator waits for one instruction per vector.
+                let mut registers = self.0;
+                let mut count = $count;
+                while count > 1 {
+                    count /= 2;
+                    for i in 0..count {
+                        // SAFETY: see the module docs: only reached with the features enabled.
+                        registers[i] = unsafe { $min(registers[i], registers[i + count]) };
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { $min(registers[0], part) }
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn max_into(self, part: $register) -> $register {
+                let mut registers = self.0;
+                let mut count = $count;
+                while count > 1 {
+                    count /= 2;
+                    for i in 0..count {
+                        // SAFETY: see the module docs: only reached with the features enabled.
+                        registers[i] = unsafe { $max(registers[i], registers[i + count]) };
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { $max(registers[0], part) }
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn part_min(part: $register) -> f64 {
+                // Every register of the vector a copy of the part: the least
+                // lane of the vector is the part's.
+                $name([part; $count])
+                    .to_lanes()
+                    .into_iter()
+                    .fold(f64::INFINITY, f64::min_select)
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn part_max(part: $register) -> f64 {
+                $name([part; $count])
+                    .to_lanes()
+                    .into_iter()
+                    .fold(f64::NEG_INFINITY, f64::max_select)
+            }
+
             // A row's last, partial chunk by masked moves, which fault on and
             // write no memory outside the mask, rather than through a padded
             // copy on the stack (whose scalar stores a vector load cannot take
