@@ -214,16 +214,26 @@ impl<V: Vector> Most<V> {
 /// cannot leave out some: the folds that hold one take a partial chunk in
 /// their own [`Fold::step_partial`], padding its unused lanes with a value
 /// that cannot change the result (`±∞`), and keep the update whole.
+/// Keeping the update is right only when every lane is active; the tests
+/// (debug builds) check that no fold reaches this with a partial chunk.
 impl<V: Vector> Blend for Least<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn blend(self, _old: Self, _active: usize) -> Self {
+    fn blend(self, _old: Self, active: usize) -> Self {
+        debug_assert!(
+            active >= LANES,
+            "a partial chunk must be padded, not blended"
+        );
         self
     }
 }
 
 impl<V: Vector> Blend for Most<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn blend(self, _old: Self, _active: usize) -> Self {
+    fn blend(self, _old: Self, active: usize) -> Self {
+        debug_assert!(
+            active >= LANES,
+            "a partial chunk must be padded, not blended"
+        );
         self
     }
 }
@@ -950,9 +960,12 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
         (BLOCK as f64 + 9.0) * UNIT_ROUNDOFF * (mean_square.sqrt() + shift.abs()) * (1.0 + 1e-6);
     // The distance a closest element must keep from `c`, `|shift - c|` off
     // the mean. The squares of `f32` differences neither overflow nor
-    // underflow (they lie in 2⁻²⁹⁸ to 2²⁵⁸), and the square and its root
-    // put a distance off by at most 1.5 units of 2⁻⁵³, which the factor
-    // `1 + 10⁻⁶` covers with the roundings of the bound itself.
+    // underflow (they lie in 2⁻²⁹⁸ to 2²⁵⁸). A measured distance is off by
+    // the roundings of `xᵢ - base` (inexact only across more than 29
+    // binades), of `- shift` (third pass), of the square and of its root:
+    // at most a few units of 2⁻⁵³ of `|off| + |shift|`, which `δ` (itself
+    // counting `|shift|`) and the factor `1 + 10⁻⁶` cover with the
+    // roundings of the bound itself.
     let needed = |off_mean: f64| (off_mean + shift_error * (1.0 + 67_108_864.0)) * (1.0 + 1e-6);
     let certified = |closest: f64, off_mean: f64| {
         let needed = needed(off_mean);

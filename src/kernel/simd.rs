@@ -481,12 +481,23 @@ impl Vector for Portable {
         part.max_select(self)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn part_min(part: Self) -> f64 {
-        part.0.into_iter().fold(f64::INFINITY, f64::min_select)
+    fn part_min(mut part: Self) -> f64 {
+        // A halving tree, as the lane trees, rather than a chain of 15.
+        let mut width = LANES / 2;
+        while width >= 1 {
+            part = part.min_select(part.lanes_from(width));
+            width /= 2;
+        }
+        part.0[0]
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn part_max(part: Self) -> f64 {
-        part.0.into_iter().fold(f64::NEG_INFINITY, f64::max_select)
+    fn part_max(mut part: Self) -> f64 {
+        let mut width = LANES / 2;
+        while width >= 1 {
+            part = part.max_select(part.lanes_from(width));
+            width /= 2;
+        }
+        part.0[0]
     }
 }
 

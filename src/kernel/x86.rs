@@ -9,7 +9,10 @@
 //! [`Arith::min_select`] / [`Arith::max_select`] with the operands swapped),
 //! `divpd` and `sqrtpd` (correctly rounded, as IEEE requires), `cvtps2pd`
 //! (exact) and `cvtpd2ps` (round to nearest). So every type gives
-//! the bits of the portable array.
+//! the bits of the portable array. (The one exception, [`Vector::Part`]'s
+//! least and greatest lanes, combines lanes in an order of its own, which
+//! can change the sign of a zero result or which NaN wins; its callers read
+//! them only where neither can occur or matter.)
 //!
 //! The vector types are private to the kernels. Their methods, and the
 //! private helpers below that they call (the `Register` impls and the
@@ -331,19 +334,25 @@ macro_rules! vector_type {
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn part_min(part: $register) -> f64 {
-                // Every register of the vector a copy of the part: the least
-                // lane of the vector is the part's.
-                $name([part; $count])
-                    .to_lanes()
-                    .into_iter()
-                    .fold(f64::INFINITY, f64::min_select)
+                // The halving steps within the first register, as in the
+                // lane trees (a loop of at most three steps of known width).
+                let mut vector = $name([part; $count]);
+                let mut width = $width / 2;
+                while width >= 1 {
+                    vector = vector.min_select(vector.lanes_from(width));
+                    width /= 2;
+                }
+                vector.first_lane()
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn part_max(part: $register) -> f64 {
-                $name([part; $count])
-                    .to_lanes()
-                    .into_iter()
-                    .fold(f64::NEG_INFINITY, f64::max_select)
+                let mut vector = $name([part; $count]);
+                let mut width = $width / 2;
+                while width >= 1 {
+                    vector = vector.max_select(vector.lanes_from(width));
+                    width /= 2;
+                }
+                vector.first_lane()
             }
 
             // A row's last, partial chunk by masked moves, which fault on and
