@@ -72,7 +72,7 @@ macro_rules! vector_type {
         load_f32: |$load_src:ident| $load_f32:expr,
         store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr,
         stream: $stream:ident,
-        stream_f32: |$stream_value:ident, $stream_dst:ident| $stream_f32:expr,
+        stream_f32: |$stream_low:ident, $stream_high:ident, $stream_dst:ident| $stream_f32:expr,
         within_register: |$reg:ident, $half:ident| $within:expr,
         first: $first:ident,
         $(partial: {
@@ -266,11 +266,12 @@ macro_rules! vector_type {
                 if chunk.as_ptr() as usize % 64 != 0 {
                     return self.store_f32(chunk);
                 }
-                for (i, &$stream_value) in self.0.iter().enumerate() {
-                    // SAFETY: as in `stream_f64`, with registers of
-                    // `4 · $width` bytes once narrowed.
+                for (i, pair) in self.0.chunks_exact(2).enumerate() {
+                    let ($stream_low, $stream_high) = (pair[0], pair[1]);
+                    // SAFETY: as in `stream_f64`, with pairs of registers
+                    // of `8 · $width` bytes once narrowed.
                     unsafe {
-                        let $stream_dst = chunk.as_mut_ptr().add(i * $width);
+                        let $stream_dst = chunk.as_mut_ptr().add(i * 2 * $width);
                         $stream_f32
                     }
                 }
@@ -472,7 +473,7 @@ vector_type! {
     load_f32: |src| _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(src as *const __m128i))),
     store_f32: |value, dst| _mm_storel_epi64(dst as *mut __m128i, _mm_castps_si128(_mm_cvtpd_ps(value))),
     stream: _mm_stream_pd,
-    stream_f32: |value, dst| _mm_stream_si64(dst as *mut i64, _mm_cvtsi128_si64(_mm_castps_si128(_mm_cvtpd_ps(value)))),
+    stream_f32: |low, high, dst| _mm_stream_ps(dst, _mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high))),
     within_register: |register, _half| _mm_unpackhi_pd(register, register),
     first: _mm_cvtsd_f64,
     overrides: {},
@@ -487,7 +488,7 @@ vector_type! {
     load_f32: |src| _mm256_cvtps_pd(_mm_loadu_ps(src)),
     store_f32: |value, dst| _mm_storeu_ps(dst, _mm256_cvtpd_ps(value)),
     stream: _mm256_stream_pd,
-    stream_f32: |value, dst| _mm_stream_ps(dst, _mm256_cvtpd_ps(value)),
+    stream_f32: |low, high, dst| _mm256_stream_ps(dst, _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low))),
     within_register: |register, half| match half {
         2 => _mm256_permute2f128_pd::<0x01>(register, register),
         _ => _mm256_permute_pd::<0b0101>(register),
@@ -639,7 +640,7 @@ vector_type! {
     load_f32: |src| _mm512_cvtps_pd(_mm256_loadu_ps(src)),
     store_f32: |value, dst| _mm256_storeu_ps(dst, _mm512_cvtpd_ps(value)),
     stream: _mm512_stream_pd,
-    stream_f32: |value, dst| _mm256_stream_ps(dst, _mm512_cvtpd_ps(value)),
+    stream_f32: |low, high, dst| _mm512_stream_ps(dst, _mm512_insertf32x8::<1>(_mm512_castps256_ps512(_mm512_cvtpd_ps(low)), _mm512_cvtpd_ps(high))),
     within_register: |register, half| match half {
         4 => _mm512_shuffle_f64x2::<0xEE>(register, register),
         2 => _mm512_shuffle_f64x2::<0x01>(register, register),
