@@ -91,6 +91,9 @@ macro_rules! vector_type {
         #[derive(Clone, Copy)]
         pub(super) struct $name([$register; $count]);
 
+        // Streamed `f32` chunks narrow their registers in pairs.
+        const _: () = assert!($count % 2 == 0);
+
         // No closures below: an intrinsic inlines only into code compiled
         // with its features, and a closure body is compiled without them.
 
