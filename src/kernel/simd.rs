@@ -481,26 +481,38 @@ impl Vector for Portable {
         part.max_select(self)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn part_min(mut part: Self) -> f64 {
-        // A halving tree, as the lane trees, rather than a chain of 15.
-        let mut width = LANES / 2;
-        while width >= 1 {
-            part = part.min_select(part.lanes_from(width));
-            width /= 2;
-        }
-        part.0[0]
+    fn part_min(part: Self) -> f64 {
+        least_lane(part, LANES)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn part_max(mut part: Self) -> f64 {
-        let mut width = LANES / 2;
-        while width >= 1 {
-            part = part.max_select(part.lanes_from(width));
-            width /= 2;
-        }
-        part.0[0]
+    fn part_max(part: Self) -> f64 {
+        greatest_lane(part, LANES)
     }
 }
 
+/// The least of lanes `0 .. width` of `vector` (`width` a power of two), by
+/// halving steps as in the lane trees ([`Vector::lanes_from`]) rather than a
+/// chain of `width - 1`: the reduction of a [`Vector::Part`].
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn least_lane<V: Vector>(mut vector: V, width: usize) -> f64 {
+    let mut step = width / 2;
+    while step >= 1 {
+        vector = vector.min_select(vector.lanes_from(step));
+        step /= 2;
+    }
+    vector.first_lane()
+}
+
+/// The greatest of lanes `0 .. width` of `vector`, as [`least_lane`].
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn greatest_lane<V: Vector>(mut vector: V, width: usize) -> f64 {
+    let mut step = width / 2;
+    while step >= 1 {
+        vector = vector.max_select(vector.lanes_from(step));
+        step /= 2;
+    }
+    vector.first_lane()
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,8 +25,8 @@ use std::arch::x86_64::*;
 use std::ops::{Add, Div, Mul, Sub};
 
 use super::simd::{
-    chunk_stays_in_page, column_by_column, column_lanes, store_column_lanes, through_chunk,
-    transpose_elements, Arith, Lanes, Vector, LANES,
+    chunk_stays_in_page, column_by_column, column_lanes, greatest_lane, least_lane,
+    store_column_lanes, through_chunk, transpose_elements, Arith, Lanes, Vector, LANES,
 };
 
 pub(super) fn has_avx2() -> bool {
@@ -338,25 +338,13 @@ macro_rules! vector_type {
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn part_min(part: $register) -> f64 {
-                // The halving steps within the first register, as in the
-                // lane trees (a loop of at most three steps of known width).
-                let mut vector = $name([part; $count]);
-                let mut width = $width / 2;
-                while width >= 1 {
-                    vector = vector.min_select(vector.lanes_from(width));
-                    width /= 2;
-                }
-                vector.first_lane()
+                // Every register a copy of the part; the halving steps stay
+                // within the first.
+                least_lane($name([part; $count]), $width)
             }
             #[cfg_attr(not(debug_assertions), inline(always))]
             fn part_max(part: $register) -> f64 {
-                let mut vector = $name([part; $count]);
-                let mut width = $width / 2;
-                while width >= 1 {
-                    vector = vector.max_select(vector.lanes_from(width));
-                    width /= 2;
-                }
-                vector.first_lane()
+                greatest_lane($name([part; $count]), $width)
             }
 
             // A row's last, partial chunk by masked moves, which fault on and
