@@ -306,6 +306,33 @@ fn gamma_and_beta_must_be_finite() {
 }
 
 #[test]
+fn nonzero_numbers_below_the_type_are_bad_lines() {
+    // 1e-46 is below half the least f32 subnormal (2^-150, about 7e-46):
+    // read as f32 it would be 0, and the row [0, 0] would print beta.
+    assert_eq!(
+        layernorm(&["--f32"], b"LN 3 4\nLN 1e-46 2e-46\nLN 3 4\n"),
+        failed(
+            "-1.0000 1.0000\n",
+            "layernorm: line 2: \"1e-46\" is too small for f32 (it would read as 0)\n",
+            1
+        )
+    );
+    assert_eq!(
+        layernorm(&[], b"GAMMA 1e-400 1\n"),
+        failed(
+            "",
+            "layernorm: line 1: \"1e-400\" is too small for f64 (it would read as 0)\n",
+            1
+        )
+    );
+    // In f64, 1e-46 is an ordinary number: the row is [1e-46, 2e-46].
+    assert_eq!(
+        layernorm(&[], b"EPS 0\nLN 1e-46 2e-46\n"),
+        ok("-1.0000 1.0000\n")
+    );
+}
+
+#[test]
 fn outputs_beyond_the_type_are_bad_lines() {
     // LN [1, 2] is ∓0.99998; times 1e308 plus 1e308, the second output is
     // 1.99998e308, beyond f64::MAX (1.797e308); the first, 2e303, is not.

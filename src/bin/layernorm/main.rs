@@ -43,8 +43,10 @@ tabs, blank lines and lines starting with # skipped):
   LN x1 ... xd      print (x - mean) / sqrt(var + eps) * gamma + beta
   RMS x1 ... xd     print x / sqrt(mean(x^2) + eps) * gamma (no beta)
 Numbers take the decimal and exponent forms, inf and nan; a row holding
-inf or nan prints NaN. GAMMA and BETA must be finite, and a row whose output
-would not fit in the type (too large a gamma or beta) is a bad line.
+inf or nan prints NaN. A number the type cannot hold (1e39 or 1e-46 with
+--f32: it would read as inf or 0) is a bad line. GAMMA and BETA must be
+finite, and a row whose output would not fit in the type (too large a gamma
+or beta) is a bad line.
 
 Options:
   --precision N   print N decimals (0 to 40; default 4); never -0.0000

@@ -212,6 +212,9 @@ pub enum ParseError<'a> {
     /// A token writes a finite number beyond the largest of the element
     /// type (named), which would otherwise read as an infinity.
     TooLarge(&'a [u8], &'static str),
+    /// A token writes a nonzero number of at most half the least subnormal of
+    /// the element type (named), which would otherwise read as zero.
+    TooSmall(&'a [u8], &'static str),
     /// The keyword is alone on its line.
     NoValues(Keyword),
 }
@@ -227,6 +230,13 @@ impl fmt::Display for ParseError<'_> {
             ParseError::NotANumber(token) => write!(f, "{} is not a number", Quoted(token)),
             ParseError::TooLarge(token, name) => {
                 write!(f, "{} is too large for {name}", Quoted(token))
+            }
+            ParseError::TooSmall(token, name) => {
+                write!(
+                    f,
+                    "{} is too small for {name} (it would read as 0)",
+                    Quoted(token)
+                )
             }
             ParseError::NoValues(keyword) => write!(f, "{keyword} has no values"),
         }
@@ -253,8 +263,8 @@ pub fn tokens(line: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// # Errors
 ///
 /// An unknown keyword, a token that is not a number or writes a finite
-/// number too large for `A`, or a keyword without values; each names what
-/// is wrong.
+/// number too large for `A` or a nonzero one that `A` would read as zero,
+/// or a keyword without values; each names what is wrong.
 pub fn parse_line<'a, A: Value>(
     line: &'a [u8],
     values: &mut Vec<A>,
@@ -273,6 +283,9 @@ pub fn parse_line<'a, A: Value>(
         if value.to_f64().is_infinite() && !names_infinity(token) {
             return Err(ParseError::TooLarge(token, A::NAME));
         }
+        if value.to_f64() == 0.0 && names_nonzero(token) {
+            return Err(ParseError::TooSmall(token, A::NAME));
+        }
         values.push(value);
     }
     if values.is_empty() {
@@ -289,6 +302,15 @@ fn names_infinity(token: &[u8]) -> bool {
         .or(token.strip_prefix(b"-"))
         .unwrap_or(token);
     unsigned.eq_ignore_ascii_case(b"inf") || unsigned.eq_ignore_ascii_case(b"infinity")
+}
+
+/// Whether a token that reads as a number writes a nonzero one: a digit
+/// other than 0 before its exponent (`nan` and `inf` never read as zero).
+fn names_nonzero(token: &[u8]) -> bool {
+    token
+        .iter()
+        .take_while(|&&b| !matches!(b, b'e' | b'E'))
+        .any(|b| matches!(b, b'1'..=b'9'))
 }
 
 /// A token read as a number, if it is one: the fast path for plain
@@ -416,6 +438,31 @@ mod tests {
         );
         let line = parse_line::<f64>(b"LN 1e39 +Inf", &mut Vec::new());
         assert_eq!(line, Ok(Line::Record(Keyword::Ln)));
+    }
+
+    #[test]
+    fn nonzero_tokens_below_the_type_are_refused() {
+        let mut values = Vec::new();
+        // Half the least f32 subnormal (2^-150, about 7.0e-46) and less
+        // round to zero.
+        let line = parse_line::<f32>(b"LN 1e-46 2e-46", &mut values);
+        assert_eq!(line, Err(ParseError::TooSmall(b"1e-46", "f32")));
+        assert_eq!(
+            line.map_err(|e| e.to_string()),
+            Err("\"1e-46\" is too small for f32 (it would read as 0)".into())
+        );
+        let mut doubles = Vec::new();
+        let line = parse_line::<f64>(b"GAMMA 1 -0.00001e-320", &mut doubles);
+        assert_eq!(line, Err(ParseError::TooSmall(b"-0.00001e-320", "f64")));
+        // Subnormals that the type holds still read, and so do zeros
+        // written in any form.
+        let line = parse_line::<f32>(b"LN 1e-45 -0 0.000e-99 0E5 .0", &mut values);
+        assert_eq!(line, Ok(Line::Record(Keyword::Ln)));
+        assert_eq!(values[0], f32::from_bits(1));
+        assert!(values[1..].iter().all(|&v| v == 0.0));
+        let line = parse_line::<f64>(b"LN 1e-46 5e-324", &mut doubles);
+        assert_eq!(line, Ok(Line::Record(Keyword::Ln)));
+        assert_eq!(doubles, [1e-46, f64::from_bits(1)]);
     }
 
     #[test]
