@@ -280,10 +280,11 @@ pub fn parse_line<'a, A: Value>(
     let keyword = Keyword::from_token(first).ok_or(ParseError::UnknownKeyword(first))?;
     for token in tokens {
         let value: A = number(token).ok_or(ParseError::NotANumber(token))?;
-        if value.to_f64().is_infinite() && !names_infinity(token) {
+        let read = value.to_f64();
+        if read.is_infinite() && !names_infinity(token) {
             return Err(ParseError::TooLarge(token, A::NAME));
         }
-        if value.to_f64() == 0.0 && names_nonzero(token) {
+        if read == 0.0 && names_nonzero(token) {
             return Err(ParseError::TooSmall(token, A::NAME));
         }
         values.push(value);
