@@ -462,7 +462,7 @@ pub(super) fn layer_norm_train_block<A: NormScalar, V: Vector>(
             input: x,
             output: y,
         };
-        write_layer_norm::<A, V>(io, affine.into(), forward);
+        write_layer_norm::<A, V>(io, affine.into(), forward, cache::Ahead::NONE);
         *slot = RowCentring::from_centring(x, exact, eps);
     }
 }
@@ -487,7 +487,7 @@ pub(super) fn rms_norm_train_block<A: NormScalar, V: Vector>(
             input: x,
             output: y,
         };
-        write_rms_norm::<A, V>(io, affine.into(), scaling);
+        write_rms_norm::<A, V>(io, affine.into(), scaling, cache::Ahead::NONE);
         *slot = RowScaling::from_scaling(scaling);
     }
 }

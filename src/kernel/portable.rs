@@ -49,9 +49,10 @@
 //! not depend on the instruction set, on the memory layout of the input, or
 //! on the thread that runs the row. No fused multiply-add is used anywhere.
 
+use super::cache::{self, Ahead};
 use super::short::{self, SHORT_ROW};
 use super::simd::{Arith, Vector, LANES};
-use super::{cache, Affine, Io, Params, RowStats};
+use super::{Affine, Io, Params, RowStats};
 use crate::scalar::NormScalar;
 
 /// Below this, a sum of squares may hold subnormal squares and so lose
@@ -1335,19 +1336,20 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
     io: Io<'_, A>,
     params: Params<'_, A>,
     norm: N,
+    ahead: Ahead,
 ) {
     match params.wide {
-        Some(Affine::Scale(gamma)) => return write_with(io, Gain::<_, false>(gamma), norm),
+        Some(Affine::Scale(gamma)) => return write_with(io, Gain::<_, false>(gamma), norm, ahead),
         Some(Affine::ScaleShift(gamma, beta)) => {
-            return write_with(io, GainShift(gamma, beta), norm)
+            return write_with(io, GainShift(gamma, beta), norm, ahead)
         }
         Some(Affine::Identity | Affine::OnePlus(_)) | None => {}
     }
     match params.affine {
-        Affine::Identity => write_with(io, NoParams, norm),
-        Affine::Scale(gamma) => write_with(io, Gain::<_, false>(gamma), norm),
-        Affine::ScaleShift(gamma, beta) => write_with(io, GainShift(gamma, beta), norm),
-        Affine::OnePlus(weights) => write_with(io, Gain::<_, true>(weights), norm),
+        Affine::Identity => write_with(io, NoParams, norm, ahead),
+        Affine::Scale(gamma) => write_with(io, Gain::<_, false>(gamma), norm, ahead),
+        Affine::ScaleShift(gamma, beta) => write_with(io, GainShift(gamma, beta), norm, ahead),
+        Affine::OnePlus(weights) => write_with(io, Gain::<_, true>(weights), norm, ahead),
     }
 }
 
@@ -1357,12 +1359,13 @@ fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
     io: Io<'_, A>,
     features: F,
     norm: N,
+    ahead: Ahead,
 ) {
     match io {
         Io::Copy { input, output } => {
-            write_chunks::<A, V, N, F, Plain>(input, output, features, norm);
+            write_chunks::<A, V, N, F, Plain>(input, output, features, norm, ahead);
         }
-        Io::InPlace(row) => write_chunks_in_place::<A, V, N, F>(row, features, norm),
+        Io::InPlace(row) => write_chunks_in_place::<A, V, N, F>(row, features, norm, ahead),
         Io::Stream { input, output } => {
             let head = cache::before_first_line(output);
             let (head_input, input) = input.split_at(head);
@@ -1370,7 +1373,7 @@ fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
             // Fewer than a chunk's elements: written as a row's last chunk is.
             write_tail::<A, V, N, F>(head_input, head_output, 0, features, norm);
             let (_, features) = features.split_at(head);
-            write_chunks::<A, V, N, F, Streaming>(input, output, features, norm);
+            write_chunks::<A, V, N, F, Streaming>(input, output, features, norm, ahead);
         }
     }
 }
@@ -1518,10 +1521,12 @@ fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store
     output: &mut [A],
     features: F,
     norm: N,
+    ahead: Ahead,
 ) {
     let (sources, source_tail) = input.as_chunks::<LANES>();
     let (destinations, destination_tail) = output.as_chunks_mut::<LANES>();
     for (k, (destination, source)) in destinations.iter_mut().zip(sources).enumerate() {
+        ahead.ask(source.as_ptr(), destination.as_ptr(), LANES);
         let value = features.apply(norm.apply(A::load::<V>(source)), Whole(k * LANES));
         S::store::<A, V>(value, destination);
     }
@@ -1535,9 +1540,11 @@ fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>
     row: &mut [A],
     features: F,
     norm: N,
+    ahead: Ahead,
 ) {
     let (chunks, tail) = row.as_chunks_mut::<LANES>();
     for (k, chunk) in chunks.iter_mut().enumerate() {
+        ahead.ask(chunk.as_ptr(), chunk.as_ptr(), LANES);
         let value = features.apply(norm.apply(A::load::<V>(chunk)), Whole(k * LANES));
         A::store::<V>(value, chunk);
     }
@@ -1593,12 +1600,14 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
     short::layer_norm_rows::<A, V>(io, rows, params, eps);
 }
 
-/// Writes LayerNorm's output for the row's `centring`.
+/// Writes LayerNorm's output for the row's `centring`, asking for the
+/// row `ahead` on the way.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
     params: Params<'_, A>,
     centring: Centring,
+    ahead: Ahead,
 ) {
     match centring {
         Centring::Centred {
@@ -1612,7 +1621,7 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
                     shift: V::splat(rest),
                     inv_std: V::splat(inv_std),
                 };
-                write_row(io, params, centre);
+                write_row(io, params, centre, ahead);
             } else {
                 let norm = Centre {
                     base: nearest,
@@ -1645,18 +1654,19 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 }
 
 /// Writes RMSNorm's output for the row's scaling (`None`: the row holds a
-/// NaN or an infinity).
+/// NaN or an infinity), asking for the row `ahead` on the way.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn write_rms_norm<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
     params: Params<'_, A>,
     scaling: Option<(f64, f64)>,
+    ahead: Ahead,
 ) {
     match scaling {
         Some((scale, inv_rms)) => {
             if scale == 1.0 {
                 let inv_rms = V::splat(inv_rms);
-                write_row(io, params, Rescale { inv_rms });
+                write_row(io, params, Rescale { inv_rms }, ahead);
             } else {
                 let norm = Rescale { inv_rms };
                 write_elements(io, params.affine, ScaledInput { scale, norm });

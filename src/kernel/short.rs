@@ -79,13 +79,14 @@
 //! RMSNorm of 3 and 13 elements, whose block tests are few, gained nothing
 //! from the gathers that these runs could tell from their noise.
 
+use super::cache::{self, Ahead};
 use super::portable::{
     centring as long_centring, divide_split, general_row_stats, mean_needs_rescaling,
     rms_scaling as portable_rms_scaling, split_from_remainder, two_sum, write_layer_norm,
     write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
-use super::{cache, Affine, Io, Params, RowStats};
+use super::{Affine, Io, Params, RowStats};
 use crate::scalar::NormScalar;
 
 /// Rows of at most this many elements are short.
@@ -231,7 +232,7 @@ trait ShortOp<A: NormScalar>: Copy {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn general<V: Vector>(self, io: Io<'_, A>) {
         let stats = self.stats::<V>(io.input());
-        self.write::<V>(io, stats);
+        self.write::<V>(io, stats, Ahead::NONE);
     }
     /// Whether [`long_rows`] computes each row's statistics before writing
     /// the row before it (for rows of at most [`PIPELINE_MAX_ROW_BYTES`]).
@@ -240,8 +241,9 @@ trait ShortOp<A: NormScalar>: Copy {
     type Stats: Copy;
     /// The long-row kernel's statistics of a row.
     fn stats<V: Vector>(self, x: &[A]) -> Self::Stats;
-    /// The long-row kernel's output of a row from its statistics.
-    fn write<V: Vector>(self, io: Io<'_, A>, stats: Self::Stats);
+    /// The long-row kernel's output of a row from its statistics, asking
+    /// for the row `ahead` on the way.
+    fn write<V: Vector>(self, io: Io<'_, A>, stats: Self::Stats, ahead: Ahead);
     /// Whether the walk over long rows asks for rows ahead.
     fn prefetch(self) -> bool;
 }
@@ -438,8 +440,8 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
         long_centring::<A, V>(x, self.eps)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn write<V: Vector>(self, io: Io<'_, A>, stats: Centring) {
-        write_layer_norm::<A, V>(io, self.params, stats);
+    fn write<V: Vector>(self, io: Io<'_, A>, stats: Centring, ahead: Ahead) {
+        write_layer_norm::<A, V>(io, self.params, stats, ahead);
     }
 
     fn prefetch(self) -> bool {
@@ -509,8 +511,8 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
         portable_rms_scaling::<A, V>(x, self.eps)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn write<V: Vector>(self, io: Io<'_, A>, stats: Option<(f64, f64)>) {
-        write_rms_norm::<A, V>(io, self.params, stats);
+    fn write<V: Vector>(self, io: Io<'_, A>, stats: Option<(f64, f64)>, ahead: Ahead) {
+        write_rms_norm::<A, V>(io, self.params, stats, ahead);
     }
 
     fn prefetch(self) -> bool {
@@ -579,72 +581,39 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
-/// each next row (and, when the output is separate, its destination) to be
-/// brought into cache while the current one is worked on. Short enough
-/// rows of a pipelined operation (and, in place, short rows that end inside
-/// a cache line) are written one row behind: each row's statistics are
-/// computed before the previous row is written (same arithmetic per row,
-/// so the same bits).
+/// the row about 4 KiB ahead (and, when the output is separate and written
+/// with plain stores, its destination) to be brought into cache while the
+/// current one is written: each chunk of the output pass asks for the same
+/// chunk of that row ([`Ahead`]). Short enough rows of a pipelined
+/// operation (and, in place, short rows that end inside a cache line) are
+/// written one row behind: each row's statistics are computed before the
+/// previous row is written (same arithmetic per row, so the same bits).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
-    let total = io.input().len();
-    let input = io.input().as_ptr();
-    // A streamed output is not read before it is written.
-    let output = match &io {
-        Io::Copy { output, .. } => Some(output.as_ptr()),
-        Io::InPlace(_) | Io::Stream { .. } => None,
-    };
     let streamed = matches!(io, Io::Stream { .. });
-    let ahead = cache::rows_ahead::<A>(d);
-    let prefetch = op.prefetch();
+    // A streamed output is not read before it is written.
+    let hint_output = matches!(io, Io::Copy { .. });
     let row_bytes = d * size_of::<A>();
     // In place, a row whose end does not close a cache line shares that line
     // with the next row (see `PIPELINE_MAX_ROW_BYTES`).
     let shares_lines = matches!(io, Io::InPlace(_)) && !row_bytes.is_multiple_of(cache::LINE);
     let pipelined = (Op::PIPELINED || shares_lines) && row_bytes <= PIPELINE_MAX_ROW_BYTES;
-    let mut pending = None;
-    // Rows longer than `PIPELINE_MAX_ROW_BYTES` ask for the first half of
-    // the row ahead before their statistics and the second half before
-    // their output pass, rather than for all of it at once (a burst of a
-    // whole row's requests likely kept the current row's own loads
-    // waiting). Out of cache (256 MiB, one thread, alternating builds, ns
-    // per element, three to five runs), d = 768: `f32` LayerNorm in place
-    // 1.02 - 1.24 -> 0.80 - 1.05, `_into` 1.02 - 1.09 -> 0.91 - 0.93, `f32`
-    // RMSNorm in place 0.60 - 0.79 -> 0.52 - 0.67, `f64` LayerNorm in place
-    // 1.28 - 1.54 -> 1.15 - 1.16; d = 4096 within noise, d = 16384 `f32`
-    // LayerNorm in place 1.08 - 1.09 -> 1.10 - 1.15. Shorter rows written
-    // as they come (`f64` RMSNorm) were 3 - 5% slower with it at d = 64 and
-    // keep one burst.
-    let first_part = if row_bytes > PIPELINE_MAX_ROW_BYTES {
-        d / 2
+    let ahead = if op.prefetch() {
+        Ahead::new(cache::rows_ahead::<A>(d) * d, hint_output)
     } else {
-        d
+        Ahead::NONE
     };
-    let hint = |start: usize, len: usize| {
-        cache::for_reading(input.wrapping_add(start), len);
-        if let Some(output) = output {
-            cache::for_writing(output.wrapping_add(start), len);
-        }
-    };
-    for (row, io) in io.rows(d).enumerate() {
-        let next = (row + ahead) * d;
-        let hinted = prefetch && next < total;
-        if hinted {
-            hint(next, first_part);
-        }
+    let mut pending = None;
+    for io in io.rows(d) {
         let stats = op.stats::<V>(io.input());
-        // Only rows too long to be pipelined have a second part.
-        if hinted && first_part < d {
-            hint(next + first_part, d - first_part);
-        }
         if !pipelined {
-            op.write::<V>(io, stats);
+            op.write::<V>(io, stats, ahead);
         } else if let Some((io, stats)) = pending.replace((io, stats)) {
-            op.write::<V>(io, stats);
+            op.write::<V>(io, stats, ahead);
         }
     }
     if let Some((io, stats)) = pending {
-        op.write::<V>(io, stats);
+        op.write::<V>(io, stats, ahead);
     }
     if streamed {
         cache::after_streaming();
