@@ -49,14 +49,14 @@ pub(crate) const LINE: usize = 64;
 /// of in a burst. Pointers past the end of the data are harmless: a hint
 /// never faults.
 ///
-/// In a model of the row loops (one thread, 256 MiB, `d = 768`, the next
-/// row asked for during the output pass, against half of it before the
-/// statistics and half before the output pass, five alternating runs, min
-/// / median ns per element) the spread requests took `f64` RMSNorm from
-/// 0.94 / 0.97 to 0.72 / 0.77, `f64` LayerNorm from 1.10 / 1.20 to
-/// 0.93 / 0.98 and `f32` RMSNorm from 0.50 / 0.64 to 0.43 / 0.50; `f32`
-/// LayerNorm, whose passes take longest, stayed within the noise.
-#[derive(Clone, Copy, Debug, Default)]
+/// Against the two bursts of half a row each that the row walk sent
+/// before (one before the row's statistics, one before its output pass),
+/// out of cache at one thread (`PERFORMANCE.md`, "Memory traffic", min ns
+/// per element): `f64` LayerNorm in place at d = 768 1.59 -> 1.03, `f32`
+/// RMSNorm `_into` at d = 4096 0.73 -> 0.55, `f32` LayerNorm in place at
+/// d = 16384 1.01 -> 0.69; `f32` LayerNorm in place at d = 768, whose
+/// passes take longest, within the noise; in cache no hint is sent.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Ahead {
     /// How many elements ahead; 0 asks for nothing.
     elements: usize,
