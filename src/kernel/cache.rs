@@ -46,8 +46,9 @@ pub(crate) const LINE: usize = 64;
 /// asks for element `j` of the input `elements` further on (and, for an
 /// output that is read before it is written, of the output), so that the
 /// requests go out spread over the pass, a line or two per chunk, instead
-/// of in a burst. Pointers past the end of the data are harmless: a hint
-/// never faults.
+/// of in a burst. (A hint never faults, but one past the rows of the call
+/// would fetch lines nobody reads: the row walk asks only for its own
+/// rows.)
 ///
 /// Against the two bursts of half a row each that the row walk sent
 /// before (one before the row's statistics, one before its output pass),

@@ -598,22 +598,33 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     // with the next row (see `PIPELINE_MAX_ROW_BYTES`).
     let shares_lines = matches!(io, Io::InPlace(_)) && !row_bytes.is_multiple_of(cache::LINE);
     let pipelined = (Op::PIPELINED || shares_lines) && row_bytes <= PIPELINE_MAX_ROW_BYTES;
-    let ahead = if op.prefetch() {
-        Ahead::new(cache::rows_ahead::<A>(d) * d, hint_output)
+    // Only rows of this call are asked for: a call may hold one row of a
+    // strided walk, or a block of a gather buffer, whose neighbours in
+    // memory are not the next rows.
+    let rows_ahead = cache::rows_ahead::<A>(d);
+    let hinted_rows = if op.prefetch() {
+        (io.input().len() / d).saturating_sub(rows_ahead)
     } else {
-        Ahead::NONE
+        0
+    };
+    let ahead = |row: usize| {
+        if row < hinted_rows {
+            Ahead::new(rows_ahead * d, hint_output)
+        } else {
+            Ahead::NONE
+        }
     };
     let mut pending = None;
-    for io in io.rows(d) {
+    for (row, io) in io.rows(d).enumerate() {
         let stats = op.stats::<V>(io.input());
         if !pipelined {
-            op.write::<V>(io, stats, ahead);
-        } else if let Some((io, stats)) = pending.replace((io, stats)) {
-            op.write::<V>(io, stats, ahead);
+            op.write::<V>(io, stats, ahead(row));
+        } else if let Some((io, stats, row)) = pending.replace((io, stats, row)) {
+            op.write::<V>(io, stats, ahead(row));
         }
     }
-    if let Some((io, stats)) = pending {
-        op.write::<V>(io, stats, ahead);
+    if let Some((io, stats, row)) = pending {
+        op.write::<V>(io, stats, ahead(row));
     }
     if streamed {
         cache::after_streaming();
