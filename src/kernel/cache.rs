@@ -48,7 +48,8 @@ pub(crate) const LINE: usize = 64;
 /// requests go out spread over the pass, a line or two per chunk, instead
 /// of in a burst. (A hint never faults, but one past the rows of the call
 /// would fetch lines nobody reads: the row walk asks only for its own
-/// rows.)
+/// rows.) Rows of the rare paths (constant, not finite, rescaled) write
+/// without asking; the processor's own prefetcher still follows the walk.
 ///
 /// Against the two bursts of half a row each that the row walk sent
 /// before (one before the row's statistics, one before its output pass),
