@@ -600,7 +600,7 @@ type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
 fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUARES: bool>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     deviate: E,
-    ahead: Ahead,
+    ahead: RowAhead,
 ) -> RowSums<V> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn step<V: Vector, const G_SUM: bool, const SQUARES: bool>(
@@ -753,7 +753,7 @@ fn dx_factor(inv: f64, scale: f64) -> (f64, Option<f64>) {
 fn scaled_pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
     deviate: E,
     gradient: G,
@@ -803,18 +803,18 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 /// A streamed `dx` ([`Inputs::stream`]) gets no hint: its lines are not
 /// read, and a hint would fetch the very lines the stores bypass (measured:
 /// streaming with the hint was slower than plain stores).
-type Ahead = Option<usize>;
+type RowAhead = Option<usize>;
 
-/// The [`Ahead`] of a block's rows.
+/// The [`RowAhead`] of a block's rows.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn ahead<A>(inputs: &Inputs<'_, A>) -> Ahead {
+fn ahead<A>(inputs: &Inputs<'_, A>) -> RowAhead {
     let d = inputs.d;
     inputs
         .prefetch
         .then(|| cache::rows_ahead::<A>(d).saturating_mul(d))
 }
 
-/// The [`Ahead`] of pass A: that of pass B for `f64` rows, none for `f32`.
+/// The [`RowAhead`] of pass A: that of pass B for `f64` rows, none for `f32`.
 ///
 /// Hints during pass B alone leave the row ahead part of its way from
 /// memory when the row's own arithmetic is short next to its bytes, as for
@@ -827,14 +827,14 @@ fn ahead<A>(inputs: &Inputs<'_, A>) -> Ahead {
 /// and lost 4 - 7% with saved ones (LayerNorm d = 768 0.90 - 0.94x -> 0.86 -
 /// 0.88x, d = 4096 0.75 - 0.78x -> 0.70 - 0.71x).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn ahead_in_pass_a<A>(ahead: Ahead) -> Ahead {
+fn ahead_in_pass_a<A>(ahead: RowAhead) -> RowAhead {
     ahead.filter(|_| size_of::<A>() == size_of::<f64>())
 }
 
 /// Asks the cache for the lines `ahead` elements past a vector of `x` and
 /// of `dy` (to read, into L2) when there is such a distance.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn prefetch_inputs<A>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES]) {
+fn prefetch_inputs<A>(ahead: RowAhead, x: &[A; LANES], dy: &[A; LANES]) {
     if let Some(offset) = ahead {
         cache::into_l2_for_reading(x.as_ptr().wrapping_add(offset), LANES);
         cache::into_l2_for_reading(dy.as_ptr().wrapping_add(offset), LANES);
@@ -844,7 +844,7 @@ fn prefetch_inputs<A>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES]) {
 /// [`prefetch_inputs`], and the lines of `dx` as far ahead (to write)
 /// unless `S` stores past the caches.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn prefetch<A, S: Store>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES], dx: &[A; LANES]) {
+fn prefetch<A, S: Store>(ahead: RowAhead, x: &[A; LANES], dy: &[A; LANES], dx: &[A; LANES]) {
     prefetch_inputs(ahead, x, dy);
     if let (Some(offset), false) = (ahead, S::PAST_CACHES) {
         cache::for_writing(dx.as_ptr().wrapping_add(offset), LANES);
@@ -866,7 +866,7 @@ fn prefetch<A, S: Store>(ahead: Ahead, x: &[A; LANES], dy: &[A; LANES], dx: &[A;
 fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
     deviate: E,
     gradient: G,
@@ -902,7 +902,7 @@ fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
 fn pass_b_body<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
-    ahead: Ahead,
+    ahead: RowAhead,
     (dgamma, dbeta): (&mut [f64], &mut [f64]),
     deviate: E,
     gradient: G,
@@ -1053,7 +1053,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
 ) {
     let x = row.0;
@@ -1091,7 +1091,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
 ) {
     with_scaling!(stats.scale, SCALED => {
@@ -1112,7 +1112,7 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     dx: &mut [A],
     stats: RowCentring,
     (g_sum, ge_sum): (BlockedSum<V>, BlockedSum<V>),
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
 ) {
     let RowCentring {
@@ -1205,7 +1205,7 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
 ) {
     let x = row.0;
@@ -1242,7 +1242,7 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowScaling,
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
 ) {
     with_scaling!(stats.scale, SCALED => {
@@ -1261,7 +1261,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     dx: &mut [A],
     stats: RowScaling,
     gx_sum: BlockedSum<V>,
-    ahead: Ahead,
+    ahead: RowAhead,
     partials: &mut Partials,
 ) {
     let RowScaling { scale, inv_rms } = stats;

@@ -21,10 +21,10 @@ const PREFETCH_DISTANCE: usize = 4096;
 
 /// Calls that read fewer bytes than this get no hints: their rows (and
 /// outputs, at most as large again) fit in the L2 cache of one core, where
-/// a burst of hints per row only competes with the row's own loads. In
-/// cache (x of 256 KiB, one thread, best of 7 runs), dropping the hints made
-/// LayerNorm and RMSNorm 5 - 20% faster at d = 768 and 4096 (d = 64 within
-/// noise).
+/// hints only compete with the row's own loads. In cache (x of 256 KiB, one
+/// thread, best of 7 runs), dropping the hints, then sent in bursts before
+/// each row, made LayerNorm and RMSNorm 5 - 20% faster at d = 768 and 4096
+/// (d = 64 within noise).
 const PREFETCH_MIN_BYTES: usize = 1 << 20;
 
 /// Whether a call reading `bytes` bytes of input asks for rows ahead.
@@ -47,12 +47,14 @@ pub(crate) const LINE: usize = 64;
 /// output that is read before it is written, of the output), so that the
 /// requests go out spread over the pass, a line or two per chunk, instead
 /// of in a burst. (A hint never faults, but one past the rows of the call
-/// would fetch lines nobody reads: the row walk asks only for its own
-/// rows.) Rows of the rare paths (constant, not finite, rescaled) write
-/// without asking; the processor's own prefetcher still follows the walk.
+/// would fetch lines nobody reads: the walk over rows longer than
+/// [`SHORT_ROW`](super::short::SHORT_ROW) asks only for its own rows.) Rows
+/// of the rare paths (constant, not finite, rescaled) write without asking;
+/// the processor's own prefetcher still follows the walk.
 ///
-/// Against the two bursts of half a row each that the row walk sent
-/// before (one before the row's statistics, one before its output pass),
+/// Against what the walk sent before, one burst before each row's
+/// statistics for rows of up to 1 KiB and for longer rows two bursts of
+/// half a row each (one before the statistics, one before the output pass),
 /// out of cache at one thread (`PERFORMANCE.md`, "Memory traffic", min ns
 /// per element): `f64` LayerNorm in place at d = 768 1.59 -> 1.03, `f32`
 /// RMSNorm `_into` at d = 4096 0.73 -> 0.55, `f32` LayerNorm in place at

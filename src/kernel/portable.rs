@@ -1530,6 +1530,11 @@ fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store
         let value = features.apply(norm.apply(A::load::<V>(source)), Whole(k * LANES));
         S::store::<A, V>(value, destination);
     }
+    ahead.ask(
+        source_tail.as_ptr(),
+        destination_tail.as_ptr(),
+        source_tail.len(),
+    );
     let start = destinations.len() * LANES;
     write_tail::<A, V, N, F>(source_tail, destination_tail, start, features, norm);
 }
@@ -1549,6 +1554,7 @@ fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>
         A::store::<V>(value, chunk);
     }
     if !tail.is_empty() {
+        ahead.ask(tail.as_ptr(), tail.as_ptr(), tail.len());
         let start = chunks.len() * LANES;
         let value = tail_value::<A, V, N, F>(tail, start, features, norm);
         A::store_partial(value, tail);

@@ -581,7 +581,8 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
-/// the row about 4 KiB ahead (and, when the output is separate and written
+/// the row about 4 KiB ahead, or the next one for longer rows
+/// ([`cache::rows_ahead`]) (and, when the output is separate and written
 /// with plain stores, its destination) to be brought into cache while the
 /// current one is written: each chunk of the output pass asks for the same
 /// chunk of that row ([`Ahead`]). Short enough rows of a pipelined

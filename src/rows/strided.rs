@@ -231,8 +231,9 @@ const HINT_MAX_ROW_BYTES: usize = 8 << 10;
 
 /// Cache hints for contiguous rows that are not back to back, handed to the
 /// kernel one by one: before each row, the row [`cache::rows_ahead`] rows
-/// later (and its output) is requested, as the kernel's own walk does for
-/// back-to-back rows. Panels that fit in cache, and rows longer than
+/// later (and its output) is requested in one burst (the kernel's own walk
+/// over back-to-back rows spreads its requests over each output pass, but
+/// asks only for rows of its own call). Panels that fit in cache, and rows longer than
 /// [`HINT_MAX_ROW_BYTES`], get none; a streamed output gets no hint for
 /// writing, since it is not read before it is written.
 struct RowsAhead {
