@@ -803,6 +803,9 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 /// A streamed `dx` ([`Inputs::stream`]) gets no hint: its lines are not
 /// read, and a hint would fetch the very lines the stores bypass (measured:
 /// streaming with the hint was slower than plain stores).
+///
+/// The forward walk's [`cache::Ahead`] is the same idea for one input
+/// asked into L1; backward keeps its own for its two inputs asked into L2.
 type RowAhead = Option<usize>;
 
 /// The [`RowAhead`] of a block's rows.

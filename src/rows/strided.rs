@@ -233,9 +233,9 @@ const HINT_MAX_ROW_BYTES: usize = 8 << 10;
 /// kernel one by one: before each row, the row [`cache::rows_ahead`] rows
 /// later (and its output) is requested in one burst (the kernel's own walk
 /// over back-to-back rows spreads its requests over each output pass, but
-/// asks only for rows of its own call). Panels that fit in cache, and rows longer than
-/// [`HINT_MAX_ROW_BYTES`], get none; a streamed output gets no hint for
-/// writing, since it is not read before it is written.
+/// asks only for rows of its own call). Panels that fit in cache, and rows
+/// longer than [`HINT_MAX_ROW_BYTES`], get none; a streamed output gets no
+/// hint for writing, since it is not read before it is written.
 struct RowsAhead {
     input_step: isize,
     output_step: isize,
