@@ -1058,6 +1058,19 @@ pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
     saved: Saved<'_, RowCentring>,
     partials: &mut Partials,
 ) {
+    backward_block::<A, V, _>(inputs, dx, saved, partials);
+}
+
+/// The backward block kernel of the norm whose statistics are `T`, with
+/// the kind of store for `dx` chosen once per block, so that each row loop
+/// is compiled for one.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn backward_block<A: NormScalar, V: Vector, T: BackwardRow>(
+    inputs: Inputs<'_, A>,
+    dx: &mut [A],
+    saved: Saved<'_, T>,
+    partials: &mut Partials,
+) {
     if inputs.stream {
         backward_rows::<A, V, Streaming, _>(inputs, dx, saved, partials);
         cache::after_streaming();
@@ -1126,12 +1139,11 @@ impl BackwardRow for RowScaling {
     }
 }
 
-/// Backward of each row of a block, in order, with `dx` stored by `S`:
-/// chosen once per block, so that each row loop is compiled for one kind
-/// of store. Where `S` streams `dx` and a vector is one cache line, the
-/// line each row shares with the next is kept by pass B and written here,
-/// joined ([`SharedLine`]); the block's first head and last tail, whose
-/// lines it shares with other blocks, are stored by pass B.
+/// Backward of each row of a block, in order, with `dx` stored by `S`.
+/// Where `S` streams `dx` and a vector is one cache line, the line each
+/// row shares with the next is kept by pass B and written here, joined
+/// ([`SharedLine`]); the block's first head and last tail, whose lines it
+/// shares with other blocks, are stored by pass B.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn backward_rows<A: NormScalar, V: Vector, S: Store, T: BackwardRow>(
     inputs: Inputs<'_, A>,
@@ -1289,12 +1301,7 @@ pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
     saved: Saved<'_, RowScaling>,
     partials: &mut Partials,
 ) {
-    if inputs.stream {
-        backward_rows::<A, V, Streaming, _>(inputs, dx, saved, partials);
-        cache::after_streaming();
-    } else {
-        backward_rows::<A, V, Plain, _>(inputs, dx, saved, partials);
-    }
+    backward_block::<A, V, _>(inputs, dx, saved, partials);
 }
 
 /// RMSNorm backward of one row, its statistics computed on the way: pass A
