@@ -632,7 +632,7 @@ type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
 
 /// Pass A over a row: reads `x` and `dy` and returns the row sums;
 /// `Σ gᵢ` only if `G_SUM`, `Σ eᵢ²` only if `SQUARES` (the others stay 0).
-/// With an `ahead` ([`ahead_in_pass_a`]), asks for the `x` and `dy` lines
+/// With an `ahead` ([`RowAhead`]), asks for the `x` and `dy` lines
 /// that far ahead of each vector, as pass B does.
 /// The order is that of `fold_row`: a flush after every [`BLOCK`] vectors,
 /// the last partial chunk padded with zeros and only its real lanes kept,
@@ -846,6 +846,19 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 /// L1 rather than L2 was as fast, except for `f32` RMSNorm at d = 4096 and
 /// 8192, which it made 25 - 40% slower.
 ///
+/// Pass A asks for the same lines as pass B: with the hints in pass B
+/// alone, the row ahead is still on its way from memory when its turn
+/// comes wherever the row's arithmetic is short next to its bytes. Measured
+/// out of cache (arrays of 256 MiB, one thread, ratios to the copy, three
+/// alternating runs of the builds without and with the hints in pass A):
+/// `f64` LayerNorm computing its statistics d = 4096 0.65 - 0.69x -> 0.76 -
+/// 0.80x, d = 768 0.87 - 0.89x -> 0.94 - 1.00x, with saved statistics
+/// d = 4096 0.76 - 0.78x -> 0.86 - 0.87x (on the Xeon of the earlier runs in
+/// PERFORMANCE.md); on the AVX-512 EPYC, `f32` LayerNorm with saved
+/// statistics into `dx` d = 768 0.47 - 0.53x -> 0.62 - 0.66x, d = 4096
+/// 0.47 - 0.48x -> 0.53 - 0.58x. (On the Xeon, `f32` rows had lost 4 - 7%
+/// with saved statistics, and went without these hints until then.)
+///
 /// A streamed `dx` ([`Inputs::stream`]) gets no hint: its lines are not
 /// read, and a hint would fetch the very lines the stores bypass (measured:
 /// streaming with the hint was slower than plain stores).
@@ -861,23 +874,6 @@ fn ahead<A>(inputs: &Inputs<'_, A>) -> RowAhead {
     inputs
         .prefetch
         .then(|| cache::rows_ahead::<A>(d).saturating_mul(d))
-}
-
-/// The [`RowAhead`] of pass A: that of pass B for `f64` rows, none for `f32`.
-///
-/// Hints during pass B alone leave the row ahead part of its way from
-/// memory when the row's own arithmetic is short next to its bytes, as for
-/// `f64`. Measured out of cache (arrays of 256 MiB, one thread, ratios to
-/// the copy, three runs each), with the hints in pass A as well: `f64`
-/// LayerNorm computing its statistics d = 4096 0.65 - 0.69x -> 0.76 -
-/// 0.80x, d = 768 0.87 - 0.89x -> 0.94 - 1.00x; with saved statistics
-/// d = 4096 0.76 - 0.78x -> 0.86 - 0.87x. `f32` rows, whose arithmetic
-/// sets the pace, gained nothing where backward computes the statistics
-/// and lost 4 - 7% with saved ones (LayerNorm d = 768 0.90 - 0.94x -> 0.86 -
-/// 0.88x, d = 4096 0.75 - 0.78x -> 0.70 - 0.71x).
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn ahead_in_pass_a<A>(ahead: RowAhead) -> RowAhead {
-    ahead.filter(|_| size_of::<A>() == size_of::<f64>())
 }
 
 /// Asks the cache for the lines `ahead` elements past a vector of `x` and
@@ -1213,8 +1209,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     };
     let (base, shift) = (mean.base, mean.shift);
     let deviate = FromBase::<V, false>::new(1.0, base);
-    let ((g_sum, ge_sum), squares) =
-        pass_a::<A, V, _, true, true>(row, deviate, ahead_in_pass_a::<A>(ahead));
+    let ((g_sum, ge_sum), squares) = pass_a::<A, V, _, true, true>(row, deviate, ahead);
     let d = x.len() as f64;
     let var = match variance(squares.plain_total(), d, shift, eps) {
         Variance::Short(var) => var,
@@ -1244,7 +1239,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     with_scaling!(stats.scale, SCALED => {
         let deviate = FromBase::<V, SCALED>::new(stats.scale, stats.mean.base);
         let (sums, _) =
-            pass_a::<A, V, _, true, false>(row, deviate, ahead_in_pass_a::<A>(ahead));
+            pass_a::<A, V, _, true, false>(row, deviate, ahead);
         layer_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, sums, ahead, partials);
     });
 }
@@ -1319,8 +1314,7 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
 ) {
     let x = row.0;
     let deviate = Scaled::<V, false>::new(1.0);
-    let ((_, gx_sum), squares) =
-        pass_a::<A, V, _, false, true>(row, deviate, ahead_in_pass_a::<A>(ahead));
+    let ((_, gx_sum), squares) = pass_a::<A, V, _, false, true>(row, deviate, ahead);
     // Below, the scale of every `Some` scaling is 1.
     if x.len() <= SHORT_ROW {
         // Short rows: the forward kernel's own scale where it has one (see
@@ -1357,7 +1351,7 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     with_scaling!(stats.scale, SCALED => {
         let deviate = Scaled::<V, SCALED>::new(stats.scale);
         let ((_, gx_sum), _) =
-            pass_a::<A, V, _, false, false>(row, deviate, ahead_in_pass_a::<A>(ahead));
+            pass_a::<A, V, _, false, false>(row, deviate, ahead);
         rms_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, gx_sum, ahead, partials);
     });
 }
