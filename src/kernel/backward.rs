@@ -339,17 +339,20 @@ impl LineAligned {
     /// Where the values start in the buffer: `before_line` values before a
     /// line, within the first `LINE - 1` elements (the buffer's allocation
     /// holds `f64`s, so its first line is within those too).
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn start(&self) -> usize {
         let line = self.buffer.as_ptr().align_offset(cache::LINE);
         let line = if line < Self::LINE { line } else { 0 };
         (line + Self::LINE - self.before_line) % Self::LINE
     }
 
+    #[cfg_attr(not(debug_assertions), inline(always))]
     pub(crate) fn as_slice(&self) -> &[f64] {
         let start = self.start();
         &self.buffer[start..start + self.len]
     }
 
+    #[cfg_attr(not(debug_assertions), inline(always))]
     pub(crate) fn as_mut_slice(&mut self) -> &mut [f64] {
         let start = self.start();
         &mut self.buffer[start..start + self.len]
@@ -426,6 +429,7 @@ impl SharedLine {
 
     /// The line of the previous row's last `tail` elements, `kept` from
     /// its pass B, and this row's head, kept here.
+    #[cfg_attr(not(debug_assertions), inline(always))]
     fn joined(&self, kept: &[f64; LANES], tail: usize) -> [f64; LANES] {
         let mut line = self.head;
         line.rotate_right(tail);
