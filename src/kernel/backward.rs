@@ -1277,18 +1277,34 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     if inv_std.is_infinite() {
         return pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, Singular::<true>);
     }
-    let d = dx.len() as f64;
+    let d = dx.len();
     let g_total = g_sum.plain_total();
     let gn_total = (ge_sum.plain_total() - shift * g_total) * inv_std;
     let (rstd, last) = dx_factor(inv_std, scale);
     let gradient = LayerNormGradient {
         shift: V::splat(rest),
         inv_std: V::splat(inv_std),
-        mean_g: V::splat(g_total / d),
-        mean_gn: V::splat(gn_total / d),
+        mean_g: V::splat(mean_over(g_total, d)),
+        mean_gn: V::splat(mean_over(gn_total, d)),
         rstd: V::splat(rstd),
     };
     scaled_pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient, last);
+}
+
+/// `total / d`, the mean of a row's terms. Where `d` is a power of two, as
+/// a multiplication by `2⁻ᵏ = 1/d`: both operations round the same real
+/// number, so the bits are those of the division, also below the normal
+/// range. The division's latency sits on the path from pass A's sums to
+/// every vector of pass B, once per row, which short rows feel.
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn mean_over(total: f64, d: usize) -> f64 {
+    if d.is_power_of_two() {
+        // 2⁻ᵏ for k < 64: a normal f64, built exactly from its exponent.
+        let reciprocal = f64::from_bits(u64::from(1023 - d.trailing_zeros()) << 52);
+        total * reciprocal
+    } else {
+        total / d as f64
+    }
 }
 
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
@@ -1381,7 +1397,7 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     let (rrms, last) = dx_factor(inv_rms, scale);
     let gradient = RmsNormGradient {
         inv_rms: V::splat(inv_rms),
-        mean_gn: V::splat(gn_total / dx.len() as f64),
+        mean_gn: V::splat(mean_over(gn_total, dx.len())),
         rrms: V::splat(rrms),
     };
     scaled_pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient, last);
@@ -1391,6 +1407,34 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
 mod tests {
     use super::super::simd::Portable;
     use super::*;
+
+    #[test]
+    fn means_over_powers_of_two_have_the_bits_of_the_division() {
+        let totals = [
+            0.1,
+            -7.25e300,
+            3.0e-310,
+            -f64::MIN_POSITIVE,
+            f64::from_bits(1),
+            1.0 / 3.0,
+            f64::MAX,
+            f64::INFINITY,
+            -0.0,
+        ];
+        for k in 0..usize::BITS {
+            let d = 1usize << k;
+            for total in totals {
+                let divided = total / d as f64;
+                assert_eq!(
+                    mean_over(total, d).to_bits(),
+                    divided.to_bits(),
+                    "{total} / {d}"
+                );
+            }
+        }
+        assert!(mean_over(f64::NAN, 64).is_nan());
+        assert_eq!(mean_over(1.0, 768).to_bits(), (1.0f64 / 768.0).to_bits());
+    }
 
     #[test]
     fn column_sum_keeps_what_plain_sum_drops() {
