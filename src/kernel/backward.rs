@@ -1242,8 +1242,7 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
 ) {
     with_scaling!(stats.scale, SCALED => {
         let deviate = FromBase::<V, SCALED>::new(stats.scale, stats.mean.base);
-        let (sums, _) =
-            pass_a::<A, V, _, true, false>(row, deviate, ahead);
+        let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate, ahead);
         layer_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, sums, ahead, partials);
     });
 }
@@ -1370,8 +1369,7 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
 ) {
     with_scaling!(stats.scale, SCALED => {
         let deviate = Scaled::<V, SCALED>::new(stats.scale);
-        let ((_, gx_sum), _) =
-            pass_a::<A, V, _, false, false>(row, deviate, ahead);
+        let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate, ahead);
         rms_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, gx_sum, ahead, partials);
     });
 }
