@@ -643,6 +643,86 @@ impl<V: Vector> Fold<V> for SpreadFold {
     }
 }
 
+/// [`spread`] of an `f32` row from a plain sum, where that sum is exact
+/// and so has the bits of the compensated one; `None` where that cannot be
+/// shown (a zero, NaN or infinity in the row, or magnitudes too far apart).
+///
+/// Every element of the row is a multiple of `unit`, the `f32` ulp of its
+/// smallest non-zero magnitude (`2⁻¹⁴⁹` below the normal range), and so is
+/// every partial sum, in whatever order it is taken. With
+/// `d · max |xᵢ| ≤ 2⁵² · unit` every partial sum is at most `2⁵² · unit` in
+/// magnitude, so every one is a double and every addition is exact: the
+/// lane sums, the lane tree and the plain sum give the exact `Σ xᵢ`, and
+/// in the compensated sum every error term is `+0` (the operands of each
+/// subtraction in [`two_sum`] are then equal) and every partial sum has the
+/// same bits (never `-0`, from a start at `+0`): its pair is
+/// `(Σ xᵢ, +0)`. At d = 768, every row whose magnitudes lie within a
+/// factor 2¹⁸ of the largest qualifies; the others take the compensated
+/// pass.
+///
+/// Per vector this spends two additions and the two operations of the
+/// least magnitude where the compensated sum spends six additions, on the
+/// adder that bounds the `f32` backward pass computing its statistics
+/// (PERFORMANCE.md, "Backward pass").
+#[cfg_attr(not(debug_assertions), inline(always))]
+fn exact_spread_of_single_precision<A: NormScalar, V: Vector>(x: &[A]) -> Option<Spread> {
+    debug_assert_eq!(size_of::<A>(), size_of::<f32>());
+    let init = (V::splat(0.0), ((Least::new(), Most::new()), Least::new()));
+    let (sum, ((min, max), least_magnitude)) = fold_row(x, Unscaled, init, ExactSpreadFold);
+    let sum = lane_sum(sum);
+    let least_magnitude = least_magnitude.value();
+    let (min, max) = (min.value(), max.value());
+    // NaN fails both comparisons; an infinity gives a non-finite sum.
+    if !(sum.is_finite() && least_magnitude > 0.0) {
+        return None;
+    }
+    let unit = single_precision_ulp(least_magnitude);
+    let magnitude = min.abs().max(max.abs());
+    // `d · magnitude` is off by at most a factor `1 ± 2⁻⁵³`, which the bound
+    // `2⁵²` rather than `2⁵³` leaves room for.
+    let bound = 4_503_599_627_370_496.0 * unit; // 2^52, times a power of two
+    (x.len() as f64 * magnitude <= bound).then_some(Spread {
+        sum: Pair { hi: sum, lo: 0.0 },
+        min,
+        max,
+    })
+}
+
+/// The `f32` ulp of a positive `f32` magnitude held in a double: `2^(e - 23)`
+/// for `2^e ≤ magnitude < 2^(e + 1)`, at least `2⁻¹⁴⁹`.
+fn single_precision_ulp(magnitude: f64) -> f64 {
+    // An f32 magnitude is a normal double: its exponent field is `e + 1023`.
+    let exponent = ((magnitude.to_bits() >> 52) & 0x7ff) as i64 - 1023;
+    let ulp_exponent = (exponent - 23).max(-149);
+    f64::from_bits(((ulp_exponent + 1023) as u64) << 52)
+}
+
+/// Plain `Σ xᵢ` with the minimum, the maximum and the least magnitude
+/// (all three [`Least`] or [`Most`], see [`SpreadFold`]).
+#[derive(Clone, Copy)]
+struct ExactSpreadFold;
+
+impl<V: Vector> Fold<V> for ExactSpreadFold {
+    type State = (V, ((Least<V>, Most<V>), Least<V>));
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn step(self, (sum, ((min, max), least)): Self::State, v: V) -> Self::State {
+        (sum + v, ((min.take(v), max.take(v)), least.take(v.abs())))
+    }
+    /// The padding zeros leave the sum as it is (it is never `-0`, see
+    /// [`exact_spread_of_single_precision`]) and must not reach the
+    /// extremes.
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn step_partial(self, state: Self::State, v: V, active: usize) -> Self::State {
+        let (sum, ((min, max), least)) = state;
+        let above = v.blend(V::splat(f64::INFINITY), active);
+        let below = v.blend(V::splat(f64::NEG_INFINITY), active);
+        (
+            sum + v,
+            ((min.take(above), max.take(below)), least.take(above.abs())),
+        )
+    }
+}
+
 /// Plain `Σ xᵢ`.
 #[derive(Clone, Copy)]
 struct PlainSum;
@@ -1023,7 +1103,10 @@ pub(super) enum FirstPass {
 /// [`mean_needs_rescaling`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
-    let spread_ = spread::<A, V, _>(x, Unscaled);
+    let exact = (size_of::<A>() == size_of::<f32>())
+        .then(|| exact_spread_of_single_precision::<A, V>(x))
+        .flatten();
+    let spread_ = exact.unwrap_or_else(|| spread::<A, V, _>(x, Unscaled));
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
         return FirstPass::Finished(Centring::NotFinite);
@@ -1749,6 +1832,84 @@ mod tests {
             _ => panic!("not a centred row"),
         }
         out
+    }
+
+    /// Rows of every length class, their magnitudes spread over up to 40
+    /// binades, some around a large offset, some cancelling: wherever the
+    /// plain sum is certified, the spread has the bits of the compensated
+    /// one, and both outcomes occur.
+    #[test]
+    fn certified_single_precision_spread_has_the_compensated_bits() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let bits = |s: &Spread| [s.sum.hi, s.sum.lo, s.min, s.max].map(f64::to_bits);
+        let (mut certified, mut handed_over) = (0, 0);
+        for d in [1, 2, 3, 15, 16, 17, 64, 100, 129, 768, 1000, 4096] {
+            for binades in [0, 6, 12, 20, 28, 40] {
+                for offset in [0.0, 3.0, 1e4] {
+                    let row: Vec<f32> = (0..d)
+                        .map(|_| {
+                            let r = next();
+                            let mantissa = 1.0 + (r >> 40) as f32 / (1u32 << 24) as f32;
+                            let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
+                            let binade = ((r >> 8) % (binades + 1)) as i32;
+                            offset + sign * mantissa * 2f32.powi(-binade)
+                        })
+                        .collect();
+                    let compensated = spread::<f32, Portable, _>(&row, Unscaled);
+                    match exact_spread_of_single_precision::<f32, Portable>(&row) {
+                        Some(exact) => {
+                            certified += 1;
+                            assert_eq!(bits(&exact), bits(&compensated), "d {d} {row:?}");
+                            assert_eq!(exact.sum.lo, 0.0);
+                        }
+                        None => handed_over += 1,
+                    }
+                }
+            }
+        }
+        assert!(
+            certified > 100 && handed_over > 20,
+            "{certified} {handed_over}"
+        );
+    }
+
+    #[test]
+    fn single_precision_spread_hands_over_what_a_plain_sum_would_round() {
+        // 1 + 2⁻⁶⁰ is not a double; 2⁻⁶⁰ is far below the ulp of 1.
+        let tiny = 2f32.powi(-60);
+        assert!(exact_spread_of_single_precision::<f32, Portable>(&[1.0, tiny]).is_none());
+        // A zero hides the least magnitude; NaN and infinities are not summed.
+        for odd in [0.0, f32::NAN, f32::INFINITY] {
+            let row = [1.0, odd, 2.0];
+            assert!(exact_spread_of_single_precision::<f32, Portable>(&row).is_none());
+        }
+        // Sixteen elements spaced by the ulp of the least: exact, and certified.
+        let row: Vec<f32> = (0..16).map(|i| 1.0 + i as f32 * f32::EPSILON).collect();
+        let exact = exact_spread_of_single_precision::<f32, Portable>(&row).unwrap();
+        assert_eq!(exact.sum.hi, 16.0 + 120.0 * f64::from(f32::EPSILON));
+    }
+
+    #[test]
+    fn single_precision_ulp_is_the_spacing_of_f32_values() {
+        for v in [
+            1.0f32,
+            1.5,
+            3.0,
+            1e-30,
+            1e30,
+            f32::MIN_POSITIVE,
+            1e-40,
+            1e-45,
+        ] {
+            let spacing = f64::from(f32::from_bits(v.to_bits() + 1)) - f64::from(v);
+            assert_eq!(single_precision_ulp(f64::from(v)), spacing, "{v}");
+        }
     }
 
     #[test]
