@@ -15,7 +15,9 @@
 //!    as an unevaluated pair good to about `d · 2⁻¹⁰⁶` of `Σ |xᵢ|`, and exact
 //!    when the row's nonzero magnitudes lie within about `2⁵³ / d²` of each
 //!    other: the error terms are then multiples of the smallest element's
-//!    ulp, and their sums too small to round), and the mean split as
+//!    ulp, and their sums too small to round; an `f32` row whose magnitudes
+//!    lie within a factor `2²⁸ / d` of each other takes a plain sum, exact
+//!    there, with the same bits), and the mean split as
 //!    `S / d = base + shift`: `base` is the rounded quotient and `shift` the
 //!    remainder `(S - d · base) / d`, its numerator exact (Dekker's product
 //!    makes `d · base` exact). `shift` is the part of the mean that `base`
