@@ -646,8 +646,9 @@ impl<V: Vector> Fold<V> for SpreadFold {
 }
 
 /// [`spread`] of an `f32` row from a plain sum, where that sum is exact
-/// and so has the bits of the compensated one; `None` where that cannot be
-/// shown (a zero, NaN or infinity in the row, or magnitudes too far apart).
+/// and so has the bits of the compensated one; `None` for `f64` rows and
+/// where exactness cannot be shown (a zero, NaN or infinity in the row, or
+/// magnitudes too far apart).
 ///
 /// Every element of the row is a multiple of `unit`, the `f32` ulp of its
 /// smallest non-zero magnitude (`2⁻¹⁴⁹` below the normal range), and so is
@@ -668,7 +669,9 @@ impl<V: Vector> Fold<V> for SpreadFold {
 /// (PERFORMANCE.md, "Backward pass").
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn exact_spread_of_single_precision<A: NormScalar, V: Vector>(x: &[A]) -> Option<Spread> {
-    debug_assert_eq!(size_of::<A>(), size_of::<f32>());
+    if size_of::<A>() != size_of::<f32>() {
+        return None;
+    }
     let init = (V::splat(0.0), ((Least::new(), Most::new()), Least::new()));
     let (sum, ((min, max), least_magnitude)) = fold_row(x, Unscaled, init, ExactSpreadFold);
     let sum = lane_sum(sum);
@@ -693,10 +696,10 @@ fn exact_spread_of_single_precision<A: NormScalar, V: Vector>(x: &[A]) -> Option
 /// The `f32` ulp of a positive `f32` magnitude held in a double: `2^(e - 23)`
 /// for `2^e ≤ magnitude < 2^(e + 1)`, at least `2⁻¹⁴⁹`.
 fn single_precision_ulp(magnitude: f64) -> f64 {
-    // An f32 magnitude is a normal double: its exponent field is `e + 1023`.
-    let exponent = ((magnitude.to_bits() >> 52) & 0x7ff) as i64 - 1023;
-    let ulp_exponent = (exponent - 23).max(-149);
-    f64::from_bits(((ulp_exponent + 1023) as u64) << 52)
+    // `scale_below(magnitude, 1)` is `2⁻ᵉ` (`e` lies far inside its limit
+    // of ±1000): the quotient of two powers of two is exact.
+    let smallest = f64::from(f32::from_bits(1));
+    (f64::from(f32::EPSILON) / scale_below(magnitude, 1)).max(smallest)
 }
 
 /// Plain `Σ xᵢ` with the minimum, the maximum and the least magnitude
@@ -1105,10 +1108,8 @@ pub(super) enum FirstPass {
 /// [`mean_needs_rescaling`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
-    let exact = (size_of::<A>() == size_of::<f32>())
-        .then(|| exact_spread_of_single_precision::<A, V>(x))
-        .flatten();
-    let spread_ = exact.unwrap_or_else(|| spread::<A, V, _>(x, Unscaled));
+    let spread_ = exact_spread_of_single_precision::<A, V>(x)
+        .unwrap_or_else(|| spread::<A, V, _>(x, Unscaled));
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
     if !spread_.sum.hi.is_finite() && !all_finite(x) {
         return FirstPass::Finished(Centring::NotFinite);
