@@ -695,6 +695,7 @@ fn exact_spread_of_single_precision<A: NormScalar, V: Vector>(x: &[A]) -> Option
 
 /// The `f32` ulp of a positive `f32` magnitude held in a double: `2^(e - 23)`
 /// for `2^e ≤ magnitude < 2^(e + 1)`, at least `2⁻¹⁴⁹`.
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn single_precision_ulp(magnitude: f64) -> f64 {
     // `scale_below(magnitude, 1)` is `2⁻ᵉ` (`e` lies far inside its limit
     // of ±1000): the quotient of two powers of two is exact.
@@ -918,6 +919,7 @@ fn scale_towards_one(magnitude: f64) -> f64 {
 
 /// The power of two that brings `magnitude` (finite, positive) into
 /// `[2^(exponent - 1), 2^exponent)`, limited to `2^±1000`.
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn scale_below(magnitude: f64, exponent: i32) -> f64 {
     let biased_exponent = ((magnitude.to_bits() >> 52) & 0x7ff) as i32;
     let k = (1022 + exponent - biased_exponent).clamp(-1000, 1000);
