@@ -17,6 +17,8 @@
 
 mod strided;
 
+pub use strided::StridedWalks;
+
 use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis};
 
 #[cfg(feature = "rayon")]
@@ -168,7 +170,7 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
         rows(input, output);
         return;
     }
-    strided::map(
+    A::map_strided(
         x.view().into_dyn(),
         out.view_mut().into_dyn(),
         streamed,
@@ -198,7 +200,7 @@ pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
         rows(all);
         return;
     }
-    strided::map_in_place(x.view_mut().into_dyn(), &on_rows);
+    A::map_strided_in_place(x.view_mut().into_dyn(), &on_rows);
 }
 
 /// Two arrays of one result per row.
@@ -251,7 +253,7 @@ pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
         rows(input, a, b);
         return Ok((first, second));
     }
-    strided::reduce(
+    A::reduce_strided(
         x.view().into_dyn(),
         first.view_mut().into_dyn(),
         second.view_mut().into_dyn(),

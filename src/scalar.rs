@@ -5,6 +5,8 @@ use std::fmt::{Debug, Display};
 use num_traits::Float;
 
 use crate::kernel::simd::{Vector, LANES};
+use crate::kernel::Kernels;
+use crate::rows::StridedWalks;
 
 mod sealed {
     pub trait Sealed {}
@@ -33,7 +35,9 @@ mod sealed {
 /// assert_eq!(y, ndarray::array![[-1.0_f32, 1.0]]);
 /// # Ok::<(), NormError>(())
 /// ```
-pub trait NormScalar: Float + Debug + Display + Send + Sync + 'static + sealed::Sealed {
+pub trait NormScalar:
+    Float + Debug + Display + Send + Sync + 'static + sealed::Sealed + Kernels<Self> + StridedWalks<Self>
+{
     /// Converts to the accumulation type. Exact.
     #[doc(hidden)]
     fn widen(self) -> f64;

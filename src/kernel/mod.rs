@@ -152,13 +152,9 @@ pub(crate) fn widened_gain<A: NormScalar>(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
     /// The plain lane array, one scalar operation per lane (auto-vectorised
-    /// where the compiler manages). Never chosen on x86-64, where the SSE2
-    /// baseline is always there; kept as the reference the tests compare
-    /// every other path with.
+    /// where the compiler manages): every target's baseline, and the
+    /// reference the tests compare every other path with.
     Portable,
-    /// The target's baseline: SSE2 registers on x86-64, the plain lane array
-    /// elsewhere.
-    Baseline,
     /// AVX2 (x86-64).
     #[cfg(target_arch = "x86_64")]
     Avx2,
@@ -166,12 +162,6 @@ pub(crate) enum Isa {
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
-
-/// The vector type of the baseline build.
-#[cfg(target_arch = "x86_64")]
-type BaselineVector = x86::Sse2;
-#[cfg(not(target_arch = "x86_64"))]
-type BaselineVector = simd::Portable;
 
 /// The detected [`Isa`], cached: 0 = not yet detected.
 static DETECTED: AtomicU8 = AtomicU8::new(0);
@@ -182,7 +172,7 @@ impl Isa {
     pub(crate) fn detect() -> Isa {
         match DETECTED.load(Ordering::Relaxed) {
             0 => {
-                let isa = Isa::available().last().copied().unwrap_or(Isa::Baseline);
+                let isa = Isa::available().last().copied().unwrap_or(Isa::Portable);
                 DETECTED.store(isa.code(), Ordering::Relaxed);
                 isa
             }
@@ -193,7 +183,7 @@ impl Isa {
     /// Every instruction set this CPU supports, worst first.
     pub(crate) fn available() -> Vec<Isa> {
         #[allow(unused_mut)]
-        let mut isas = vec![Isa::Portable, Isa::Baseline];
+        let mut isas = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
             if x86::has_avx2() {
@@ -218,8 +208,7 @@ impl Isa {
 
     fn code(self) -> u8 {
         match self {
-            Isa::Portable => 4,
-            Isa::Baseline => 1,
+            Isa::Portable => 1,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => 2,
             #[cfg(target_arch = "x86_64")]
@@ -233,46 +222,9 @@ impl Isa {
             2 => Isa::Avx2,
             #[cfg(target_arch = "x86_64")]
             3 => Isa::Avx512,
-            4 => Isa::Portable,
-            _ => Isa::Baseline,
+            _ => Isa::Portable,
         }
     }
-}
-
-/// Declares a kernel entry point that runs `portable::$name` compiled for
-/// the given [`Isa`].
-macro_rules! dispatch {
-    (in $module:ident: $(#[$doc:meta])* $vis:vis fn $name:ident<A>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;) => {
-        $(#[$doc])*
-        #[inline]
-        $vis fn $name<A: NormScalar>(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
-            match isa {
-                Isa::Portable => $module::$name::<A, simd::Portable>($($arg),*),
-                Isa::Baseline => $module::$name::<A, BaselineVector>($($arg),*),
-                // SAFETY: `Isa::Avx2` is only constructed after
-                // `is_x86_feature_detected!` confirmed AVX2 on this CPU.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { x86::avx2::$name($($arg),*) },
-                // SAFETY: `Isa::Avx512` is only constructed after
-                // `is_x86_feature_detected!` confirmed AVX-512 F/VL/DQ/BW.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { x86::avx512::$name($($arg),*) },
-            }
-        }
-    };
-    ($(#[$doc:meta])* $vis:vis fn $name:ident<A>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;) => {
-        dispatch! { in portable: $(#[$doc])* $vis fn $name<A>($($arg: $ty),*) $(-> $ret)?; }
-    };
-}
-
-dispatch! {
-    /// LayerNorm of `rows` consecutive rows (a block of a contiguous array).
-    pub(crate) fn layer_norm_rows<A>(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
-}
-
-dispatch! {
-    /// RMSNorm of `rows` consecutive rows (a block of a contiguous array).
-    pub(crate) fn rms_norm_rows<A>(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
 }
 
 /// The mean and root mean square of one row, in `f64`.
@@ -287,15 +239,79 @@ pub(crate) struct RowStats {
     pub(crate) rms: f64,
 }
 
-dispatch! {
-    /// [`RowStats`] of one (non-empty) row.
-    pub(crate) fn row_stats<A>(x: &[A]) -> RowStats;
+/// Declares the kernel entry points. Each is compiled here, once per
+/// element type, as a method of [`Kernels`] that dispatches on the
+/// [`Isa`]; the generic function of the same name that the rest of the
+/// crate calls only forwards to it, so that a crate calling the generic
+/// API never compiles a kernel itself.
+macro_rules! kernels {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident in $module:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;
+    )*) => {
+        /// The kernel entry points of the element type `A` (see [`kernels!`]).
+        ///
+        /// A supertrait of the sealed [`NormScalar`]: it must be public for
+        /// that, but its signatures use crate-private types, so no other
+        /// crate can call or implement it.
+        #[allow(private_interfaces)]
+        pub trait Kernels<A> {
+            $(
+                $(#[$doc])*
+                fn $name(isa: Isa, $($arg: $ty),*) $(-> $ret)?;
+            )*
+        }
+
+        kernels!(@impl f32_kernels f32, $($name in $module ($($arg: $ty),*) $(-> $ret)?;)*);
+        kernels!(@impl f64_kernels f64, $($name in $module ($($arg: $ty),*) $(-> $ret)?;)*);
+
+        $(
+            $(#[$doc])*
+            #[inline]
+            pub(crate) fn $name<A: NormScalar>(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
+                <A as Kernels<A>>::$name(isa, $($arg),*)
+            }
+        )*
+    };
+    (@impl $types:ident $elem:ty, $($name:ident in $module:ident ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
+        mod $types {
+            use super::*;
+
+            type A = $elem;
+
+            #[allow(private_interfaces)]
+            impl Kernels<A> for A {
+            $(
+                #[inline(never)]
+                fn $name(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
+                    match isa {
+                        Isa::Portable => $module::$name::<A, simd::Portable>($($arg),*),
+                        // SAFETY: `Isa::Avx2` is only constructed after
+                        // `is_x86_feature_detected!` confirmed AVX2 on this CPU.
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 => unsafe { x86::avx2::$name::<A>($($arg),*) },
+                        // SAFETY: `Isa::Avx512` is only constructed after
+                        // `is_x86_feature_detected!` confirmed AVX-512 F/VL/DQ/BW.
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512 => unsafe { x86::avx512::$name::<A>($($arg),*) },
+                    }
+                }
+            )*
+            }
+        }
+    };
 }
 
-dispatch! { in transpose:
+kernels! {
+    /// LayerNorm of `rows` consecutive rows (a block of a contiguous array).
+    fn layer_norm_rows in portable(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
+    /// RMSNorm of `rows` consecutive rows (a block of a contiguous array).
+    fn rms_norm_rows in portable(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
+    /// [`RowStats`] of one (non-empty) row.
+    fn row_stats in portable(x: &[A]) -> RowStats;
     /// `dst[j · dst_lead + i] = src[i · src_lead + j]` for `i < lines`,
     /// `j < length`: see [`transpose::transpose_lines`].
-    pub(crate) fn transpose_lines<A>(
+    fn transpose_lines in transpose(
         src: &[A],
         src_lead: usize,
         dst: &mut [A],
@@ -303,13 +319,10 @@ dispatch! { in transpose:
         lines: usize,
         length: usize,
     );
-}
-
-dispatch! { in backward:
     /// LayerNorm of a block of rows of length `d` (`x` and `y` of the same
     /// length), with the bits of [`layer_norm_rows`], saving each row's
     /// statistics in `stats` (one entry per row).
-    pub(crate) fn layer_norm_train_block<A>(
+    fn layer_norm_train_block in backward(
         x: &[A],
         y: &mut [A],
         d: usize,
@@ -317,12 +330,9 @@ dispatch! { in backward:
         eps: f64,
         stats: &mut [RowCentring],
     );
-}
-
-dispatch! { in backward:
     /// RMSNorm of a block of rows of length `d`, with the bits of
     /// [`rms_norm_rows`], saving each row's statistics in `stats`.
-    pub(crate) fn rms_norm_train_block<A>(
+    fn rms_norm_train_block in backward(
         x: &[A],
         y: &mut [A],
         d: usize,
@@ -330,23 +340,17 @@ dispatch! { in backward:
         eps: f64,
         stats: &mut [RowScaling],
     );
-}
-
-dispatch! { in backward:
     /// LayerNorm backward of a block of rows: writes `dx` and adds each
     /// row's `dy ⊙ n` and `dy` to `partials`, in row order.
-    pub(crate) fn layer_norm_backward_block<A>(
+    fn layer_norm_backward_block in backward(
         inputs: Inputs<'_, A>,
         dx: &mut [A],
         saved: Saved<'_, RowCentring>,
         partials: &mut Partials,
     );
-}
-
-dispatch! { in backward:
     /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
     /// `dy ⊙ n` to `partials.dgamma`, in row order.
-    pub(crate) fn rms_norm_backward_block<A>(
+    fn rms_norm_backward_block in backward(
         inputs: Inputs<'_, A>,
         dx: &mut [A],
         saved: Saved<'_, RowScaling>,

@@ -456,21 +456,6 @@ macro_rules! vector_type {
 }
 
 vector_type! {
-    /// 16 lanes in 8 SSE2 registers (the x86-64 baseline).
-    Sse2, __m128d, 2, 8,
-    add: _mm_add_pd, sub: _mm_sub_pd, mul: _mm_mul_pd, div: _mm_div_pd,
-    min: _mm_min_pd, max: _mm_max_pd, andnot: _mm_andnot_pd, sqrt: _mm_sqrt_pd,
-    splat: _mm_set1_pd, load: _mm_loadu_pd, store: _mm_storeu_pd,
-    load_f32: |src| _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(src as *const __m128i))),
-    store_f32: |value, dst| _mm_storel_epi64(dst as *mut __m128i, _mm_castps_si128(_mm_cvtpd_ps(value))),
-    stream: _mm_stream_pd,
-    stream_f32: |low, high, dst| _mm_stream_ps(dst, _mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high))),
-    within_register: |register, _half| _mm_unpackhi_pd(register, register),
-    first: _mm_cvtsd_f64,
-    overrides: {},
-}
-
-vector_type! {
     /// 16 lanes in 4 AVX registers.
     Avx2, __m256d, 4, 4,
     add: _mm256_add_pd, sub: _mm256_sub_pd, mul: _mm256_mul_pd, div: _mm256_div_pd,

@@ -167,7 +167,7 @@ fn group_rows<A>(d: usize) -> usize {
 
 /// Runs `kernel` in place on the rows of length `d` of `rows`, a group of
 /// [`group_rows`] per call, each call after the hints of its rows.
-fn in_groups<A>(rows: &mut [A], d: usize, next: &NextBlock<A>, kernel: &impl Fn(Io<'_, A>, usize)) {
+fn in_groups<A>(rows: &mut [A], d: usize, next: &NextBlock<A>, kernel: &RowKernel<'_, A>) {
     let group_rows = group_rows::<A>(d);
     for (group, rows) in rows.chunks_mut(group_rows * d).enumerate() {
         let count = rows.len() / d;
@@ -184,7 +184,7 @@ fn copies_in_groups<A>(
     d: usize,
     next: &NextBlock<A>,
     stream: bool,
-    kernel: &impl Fn(Io<'_, A>, usize),
+    kernel: &RowKernel<'_, A>,
 ) {
     let group_rows = group_rows::<A>(d);
     let groups = input
@@ -275,14 +275,78 @@ pub(super) fn block_rows<A>(d: usize) -> usize {
     (BLOCK_BYTES / row_bytes).clamp(MIN_BLOCK_ROWS, MAX_BLOCK_ROWS)
 }
 
+/// A kernel over a run of rows (`Io`, row count), as the walk calls it.
+pub(crate) type RowKernel<'k, A> = dyn Fn(Io<'_, A>, usize) + Sync + 'k;
+
+/// A reduction of one row to two values.
+pub(crate) type RowReduction<'k, A> = dyn Fn(&[A]) -> (A, A) + Sync + 'k;
+
+/// The strided walks of the element type `A`, compiled here once per type
+/// (the kernels they call are passed as trait objects, one call per block
+/// of rows), so that a crate calling the generic API compiles none of them.
+#[allow(private_interfaces)]
+pub trait StridedWalks<A> {
+    /// [`map`] for `A`.
+    fn map_strided(
+        x: ArrayView<'_, A, IxDyn>,
+        out: ArrayViewMut<'_, A, IxDyn>,
+        stream: bool,
+        kernel: &RowKernel<'_, A>,
+    );
+    /// [`map_in_place`] for `A`.
+    fn map_strided_in_place(x: ArrayViewMut<'_, A, IxDyn>, kernel: &RowKernel<'_, A>);
+    /// [`reduce`] for `A`.
+    fn reduce_strided(
+        x: ArrayView<'_, A, IxDyn>,
+        first: ArrayViewMut<'_, A, IxDyn>,
+        second: ArrayViewMut<'_, A, IxDyn>,
+        reduce: &RowReduction<'_, A>,
+    );
+}
+
+macro_rules! strided_walks {
+    ($($elem:ty),*) => {$(
+        #[allow(private_interfaces)]
+        impl StridedWalks<$elem> for $elem {
+            #[inline(never)]
+            fn map_strided(
+                x: ArrayView<'_, $elem, IxDyn>,
+                out: ArrayViewMut<'_, $elem, IxDyn>,
+                stream: bool,
+                kernel: &RowKernel<'_, $elem>,
+            ) {
+                map(x, out, stream, kernel)
+            }
+            #[inline(never)]
+            fn map_strided_in_place(
+                x: ArrayViewMut<'_, $elem, IxDyn>,
+                kernel: &RowKernel<'_, $elem>,
+            ) {
+                map_in_place(x, kernel)
+            }
+            #[inline(never)]
+            fn reduce_strided(
+                x: ArrayView<'_, $elem, IxDyn>,
+                first: ArrayViewMut<'_, $elem, IxDyn>,
+                second: ArrayViewMut<'_, $elem, IxDyn>,
+                reduce: &RowReduction<'_, $elem>,
+            ) {
+                self::reduce(x, first, second, reduce)
+            }
+        }
+    )*};
+}
+
+strided_walks!(f32, f64);
+
 /// `out[r] = kernel(x[r])` for every row `r` (same shapes). With `stream`,
 /// rows written straight into `out` are written past the caches
 /// ([`Io::Stream`]) wherever its rows are contiguous.
-pub(super) fn map<A: NormScalar>(
+fn map<A: NormScalar>(
     x: ArrayView<'_, A, IxDyn>,
     out: ArrayViewMut<'_, A, IxDyn>,
     stream: bool,
-    kernel: &(impl Fn(Io<'_, A>, usize) + Sync),
+    kernel: &RowKernel<'_, A>,
 ) {
     let (x, out) = if x.ndim() == 1 {
         (x.insert_axis(Axis(0)), out.insert_axis(Axis(0)))
@@ -298,9 +362,9 @@ pub(super) fn map<A: NormScalar>(
 }
 
 /// `x[r] = kernel(x[r])` for every row `r`.
-pub(super) fn map_in_place<A: NormScalar>(
+fn map_in_place<A: NormScalar>(
     x: ArrayViewMut<'_, A, IxDyn>,
-    kernel: &(impl Fn(Io<'_, A>, usize) + Sync),
+    kernel: &RowKernel<'_, A>,
 ) {
     let x = if x.ndim() == 1 {
         x.insert_axis(Axis(0))
@@ -312,11 +376,11 @@ pub(super) fn map_in_place<A: NormScalar>(
 
 /// `(first[r], second[r]) = reduce(x[r])` for every row `r`; `first` and
 /// `second` have the leading shape of `x`.
-pub(super) fn reduce<A: NormScalar>(
+fn reduce<A: NormScalar>(
     x: ArrayView<'_, A, IxDyn>,
     first: ArrayViewMut<'_, A, IxDyn>,
     second: ArrayViewMut<'_, A, IxDyn>,
-    reduce: &(impl Fn(&[A]) -> (A, A) + Sync),
+    reduce: &RowReduction<'_, A>,
 ) {
     let (x, first, second) = if x.ndim() == 1 {
         (
@@ -763,19 +827,15 @@ fn two_d<V, W>(a: Result<V, ndarray::ShapeError>, b: Result<W, ndarray::ShapeErr
 }
 
 /// `out[r] = kernel(x[r])`.
-struct Map<'a, 'k, A, K> {
+struct Map<'a, 'k, A> {
     x: ArrayView<'a, A, IxDyn>,
     out: ArrayViewMut<'a, A, IxDyn>,
     /// Whether output rows written where they lie are streamed.
     stream: bool,
-    kernel: &'k K,
+    kernel: &'k RowKernel<'k, A>,
 }
 
-impl<A, K> Job for Map<'_, '_, A, K>
-where
-    A: NormScalar,
-    K: Fn(Io<'_, A>, usize) + Sync,
-{
+impl<A: NormScalar> Job for Map<'_, '_, A> {
     type Elem = A;
 
     fn shape(&self) -> &[usize] {
@@ -941,16 +1001,12 @@ where
 }
 
 /// `x[r] = kernel(x[r])`.
-struct InPlace<'a, 'k, A, K> {
+struct InPlace<'a, 'k, A> {
     x: ArrayViewMut<'a, A, IxDyn>,
-    kernel: &'k K,
+    kernel: &'k RowKernel<'k, A>,
 }
 
-impl<A, K> Job for InPlace<'_, '_, A, K>
-where
-    A: NormScalar,
-    K: Fn(Io<'_, A>, usize) + Sync,
-{
+impl<A: NormScalar> Job for InPlace<'_, '_, A> {
     type Elem = A;
 
     fn shape(&self) -> &[usize] {
@@ -1021,18 +1077,14 @@ where
 }
 
 /// `(first[r], second[r]) = reduce(x[r])`.
-struct Reduce<'a, 'k, A, K> {
+struct Reduce<'a, 'k, A> {
     x: ArrayView<'a, A, IxDyn>,
     first: ArrayViewMut<'a, A, IxDyn>,
     second: ArrayViewMut<'a, A, IxDyn>,
-    reduce: &'k K,
+    reduce: &'k RowReduction<'k, A>,
 }
 
-impl<A, K> Job for Reduce<'_, '_, A, K>
-where
-    A: NormScalar,
-    K: Fn(&[A]) -> (A, A) + Sync,
-{
+impl<A: NormScalar> Job for Reduce<'_, '_, A> {
     type Elem = A;
 
     fn shape(&self) -> &[usize] {
