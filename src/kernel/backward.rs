@@ -78,9 +78,12 @@ use super::portable::{
     Streaming, Variance, BLOCK,
 };
 use super::short::{self, SHORT_ROW};
-use super::simd::{Vector, LANES};
+use super::simd::{Portable, Vector, LANES};
 use super::{cache, widened_gain, Affine, Io};
 use crate::scalar::NormScalar;
+
+/// One row's `x`, `dy` and gain (the gain padded to whole vectors).
+pub(super) type RowInputs<'a, A> = (&'a [A], &'a [A], &'a [f64]);
 
 /// Rows per block of the per-feature sums over rows.
 pub(crate) const BLOCK_ROWS: usize = 64;
@@ -616,20 +619,6 @@ fn is_scaled(scale: f64) -> bool {
     scale != 1.0
 }
 
-/// Evaluates `$body` with the constant `$scaled` set to [`is_scaled`] of
-/// `$scale`: the one choice per row of [`FromBase`] and [`Scaled`].
-macro_rules! with_scaling {
-    ($scale:expr, $scaled:ident => $body:expr) => {
-        if is_scaled($scale) {
-            const $scaled: bool = true;
-            $body
-        } else {
-            const $scaled: bool = false;
-            $body
-        }
-    };
-}
-
 /// The row sums of pass A: `Σ gᵢ`, `Σ gᵢ eᵢ` and `Σ eᵢ²`, each a
 /// [`BlockedSum`] (element `i` in lane `i % LANES`).
 type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
@@ -869,7 +858,7 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 ///
 /// The forward walk's [`cache::Ahead`] is the same idea for one input
 /// asked into L1; backward keeps its own for its two inputs asked into L2.
-type RowAhead = Option<usize>;
+pub(super) type RowAhead = Option<usize>;
 
 /// The [`RowAhead`] of a block's rows.
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -1230,27 +1219,52 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
 }
 
 /// LayerNorm backward of one row from its saved statistics.
-// See `layer_norm_backward_row`.
-#[cfg_attr(debug_assertions, inline(never))]
+/// Backward of a row from its saved statistics: its
+/// [island](super::islands), [`layer_norm_backward_saved_pass`].
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
-    row: (&[A], &[A], &[f64]),
+    row: RowInputs<'_, A>,
     dx: &mut [A],
     stats: RowCentring,
     ahead: RowAhead,
     partials: &mut Partials,
 ) {
-    with_scaling!(stats.scale, SCALED => {
-        let deviate = FromBase::<V, SCALED>::new(stats.scale, stats.mean.base);
-        let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate, ahead);
-        layer_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, sums, ahead, partials);
-    });
+    V::layer_norm_backward_saved::<A, S>(row, dx, stats, ahead, partials);
 }
 
-/// The row's means from the sums of pass A, then pass B. With
-/// `n = (e - shift) · inv_std`, `Σ gᵢ nᵢ = (Σ gᵢ eᵢ - shift · Σ gᵢ) · inv_std`:
-/// `shift` is below the rounding of the mean, so the subtraction does not
-/// cancel.
+/// The body of [`layer_norm_backward_saved`]. A rescaled row (rare: its
+/// squares overflow or underflow) takes the portable path, which has the
+/// same bits, so that no vector body is compiled for it.
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn layer_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
+    row: RowInputs<'_, A>,
+    dx: &mut [A],
+    stats: RowCentring,
+    ahead: RowAhead,
+    partials: &mut Partials,
+) {
+    if is_scaled(stats.scale) {
+        return layer_norm_backward_rescaled::<A, S>(row, dx, stats, ahead, partials);
+    }
+    let deviate = FromBase::<V, false>::new(1.0, stats.mean.base);
+    let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate, ahead);
+    layer_norm_pass_b::<A, V, S, false>(row, dx, stats, sums, ahead, partials);
+}
+
+/// [`layer_norm_backward_saved_pass`] of a rescaled row, on the portable path.
+#[inline(never)]
+fn layer_norm_backward_rescaled<A: NormScalar, S: Store>(
+    row: RowInputs<'_, A>,
+    dx: &mut [A],
+    stats: RowCentring,
+    ahead: RowAhead,
+    partials: &mut Partials,
+) {
+    let deviate = FromBase::<Portable, true>::new(stats.scale, stats.mean.base);
+    let (sums, _) = pass_a::<A, Portable, _, true, false>(row, deviate, ahead);
+    layer_norm_pass_b::<A, Portable, S, true>(row, dx, stats, sums, ahead, partials);
+}
+
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     row: (&[A], &[A], &[f64]),
@@ -1280,6 +1294,8 @@ fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     let g_total = g_sum.plain_total();
     let gn_total = (ge_sum.plain_total() - shift * g_total) * inv_std;
     let (rstd, last) = dx_factor(inv_std, scale);
+    // With a scale of 1, `dx_factor` is `inv_std` itself, finite here.
+    debug_assert!(SCALED || last.is_none());
     let gradient = LayerNormGradient {
         shift: V::splat(rest),
         inv_std: V::splat(inv_std),
@@ -1357,25 +1373,51 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
 }
 
 /// RMSNorm backward of one row from its saved statistics.
-// See `layer_norm_backward_row`.
-#[cfg_attr(debug_assertions, inline(never))]
+/// Backward of a row from its saved statistics: its
+/// [island](super::islands), [`rms_norm_backward_saved_pass`].
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
-    row: (&[A], &[A], &[f64]),
+    row: RowInputs<'_, A>,
     dx: &mut [A],
     stats: RowScaling,
     ahead: RowAhead,
     partials: &mut Partials,
 ) {
-    with_scaling!(stats.scale, SCALED => {
-        let deviate = Scaled::<V, SCALED>::new(stats.scale);
-        let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate, ahead);
-        rms_norm_pass_b::<A, V, S, SCALED>(row, dx, stats, gx_sum, ahead, partials);
-    });
+    V::rms_norm_backward_saved::<A, S>(row, dx, stats, ahead, partials);
 }
 
-/// The row's mean from the sum of pass A, then pass B:
-/// `Σ gᵢ nᵢ = Σ gᵢ eᵢ · inv_rms`.
+/// The body of [`rms_norm_backward_saved`]; rescaled rows as in
+/// [`layer_norm_backward_saved_pass`].
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
+    row: RowInputs<'_, A>,
+    dx: &mut [A],
+    stats: RowScaling,
+    ahead: RowAhead,
+    partials: &mut Partials,
+) {
+    if is_scaled(stats.scale) {
+        return rms_norm_backward_rescaled::<A, S>(row, dx, stats, ahead, partials);
+    }
+    let deviate = Scaled::<V, false>::new(1.0);
+    let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate, ahead);
+    rms_norm_pass_b::<A, V, S, false>(row, dx, stats, gx_sum, ahead, partials);
+}
+
+/// [`rms_norm_backward_saved_pass`] of a rescaled row, on the portable path.
+#[inline(never)]
+fn rms_norm_backward_rescaled<A: NormScalar, S: Store>(
+    row: RowInputs<'_, A>,
+    dx: &mut [A],
+    stats: RowScaling,
+    ahead: RowAhead,
+    partials: &mut Partials,
+) {
+    let deviate = Scaled::<Portable, true>::new(stats.scale);
+    let ((_, gx_sum), _) = pass_a::<A, Portable, _, false, false>(row, deviate, ahead);
+    rms_norm_pass_b::<A, Portable, S, true>(row, dx, stats, gx_sum, ahead, partials);
+}
+
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     row: (&[A], &[A], &[f64]),
@@ -1393,12 +1435,18 @@ fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
     }
     let gn_total = gx_sum.plain_total() * inv_rms;
     let (rrms, last) = dx_factor(inv_rms, scale);
+    // With a scale of 1, `dx_factor` is `inv_rms` itself, finite here.
+    debug_assert!(SCALED || last.is_none());
     let gradient = RmsNormGradient {
         inv_rms: V::splat(inv_rms),
         mean_gn: V::splat(mean_over(gn_total, dx.len())),
         rrms: V::splat(rrms),
     };
-    scaled_pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient, last);
+    if SCALED {
+        scaled_pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient, last);
+    } else {
+        pass_b::<A, V, _, _, S>(row, dx, ahead, partials, deviate, gradient);
+    }
 }
 
 #[cfg(test)]

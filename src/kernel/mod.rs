@@ -13,6 +13,7 @@
 
 pub(crate) mod backward;
 pub(crate) mod cache;
+mod islands;
 mod params;
 mod portable;
 mod short;

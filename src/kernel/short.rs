@@ -81,8 +81,8 @@
 
 use super::cache::{self, Ahead};
 use super::portable::{
-    centring as long_centring, divide_split, general_row_stats, mean_needs_rescaling,
-    rms_scaling as portable_rms_scaling, split_from_remainder, two_sum, write_layer_norm,
+    divide_split, general_row_stats, mean_needs_rescaling,
+    split_from_remainder, two_sum, write_layer_norm,
     write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
@@ -437,7 +437,7 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     type Stats = Centring;
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn stats<V: Vector>(self, x: &[A]) -> Centring {
-        long_centring::<A, V>(x, self.eps)
+        V::centring(x, self.eps)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn write<V: Vector>(self, io: Io<'_, A>, stats: Centring, ahead: Ahead) {
@@ -508,7 +508,7 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     type Stats = Option<(f64, f64)>;
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn stats<V: Vector>(self, x: &[A]) -> Option<(f64, f64)> {
-        portable_rms_scaling::<A, V>(x, self.eps)
+        V::rms_scaling(x, self.eps)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn write<V: Vector>(self, io: Io<'_, A>, stats: Option<(f64, f64)>, ahead: Ahead) {

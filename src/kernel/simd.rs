@@ -8,6 +8,7 @@
 
 use std::ops::{Add, Div, Mul, Range, Sub};
 
+use super::islands::Islands;
 use crate::scalar::NormScalar;
 
 /// Number of lanes of every vector, and so of every accumulator.
@@ -68,7 +69,7 @@ impl Arith for f64 {
 ///
 /// This is a `pub` trait in a private module so that the sealed
 /// `NormScalar` can name it; it is not reachable from outside the crate.
-pub trait Vector: Arith {
+pub trait Vector: Arith + Islands {
     /// The lanes as an array.
     fn to_lanes(self) -> Lanes;
     /// A vector from an array of lanes.
