@@ -2,16 +2,11 @@
 //!
 //! A zeroed allocation (`Array::zeros`, that is `calloc`) of memory the
 //! allocator reuses is a `memset` of the whole output before the kernel
-//! writes it again: one more pass over the output bytes. `f32` RMSNorm at
-//! d = 768, one thread, best of many calls, three alternating runs of each
-//! build: with `Array::zeros` the allocating `rms_norm` took 25.6 - 30.8 us
-//! at 256 KiB, 120 - 140 at 1 MiB, 545 - 597 at 4 MiB and 2224 - 2471 at
-//! 16 MiB, against 19.7 - 25.4, 86 - 104, 402 - 431 and 1727 - 1961 for
-//! `rms_norm_into` a preallocated output, and `Array::zeros` alone took
-//! about 5, 23, 150 and 620 us. Written into uninitialised memory, the
-//! allocating form took 19.7, 86 - 89, 400 - 411 and 1629 - 1665 us. Every
-//! allocating form therefore writes into uninitialised memory, which the
-//! row walks overwrite element by element before anything reads it.
+//! writes it again: one more pass over the output bytes, which leaves an
+//! allocating call well behind the same call into a preallocated output.
+//! Every allocating form therefore writes into uninitialised memory, which
+//! the row walks overwrite element by element before anything reads it
+//! (PERFORMANCE.md, "Contiguous arrays").
 
 use std::mem::MaybeUninit;
 

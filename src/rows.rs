@@ -31,30 +31,13 @@ use crate::scalar::NormScalar;
 
 /// Calls over fewer elements than this stay on the calling thread.
 ///
-/// Chosen by measurement on the 2-core development machine, with this
-/// constant set to 0 so that the parallel path always ran: `layer_norm_into`
-/// on contiguous `f32` rows of d = 64 and d = 768, timed at 1 and 2 threads
-/// (`ThreadPool::install`), best of 200 back-to-back calls ("warm": workers
-/// still spinning) and best of 30 calls 20 ms apart ("asleep": workers
-/// parked, so each call pays for waking them). Speed-up of two threads over
-/// one, lowest - highest of d = 64 and 768 over two runs (the machine's
-/// other core was shared with other work, hence the spread):
-///
-/// | elements | warm        | asleep      |
-/// |----------|-------------|-------------|
-/// | 16 Ki    | 1.00 - 1.02 | 1.00 - 1.03 |
-/// | 32 Ki    | 0.99 - 1.96 | 0.69 - 1.40 |
-/// | 64 Ki    | 1.15 - 1.91 | 0.92 - 1.22 |
-/// | 128 Ki   | 1.59 - 1.95 | 0.97 - 1.29 |
-/// | 256 Ki   | 1.72 - 2.06 | 1.35 - 1.69 |
-///
-/// Waking parked workers costs some 50 - 100 us here, what one thread needs
-/// for about 32 - 64 Ki elements. From 128 Ki elements on, two threads win
-/// when the workers are awake and do not lose when they must be woken;
-/// below that a call stays on the calling thread and never pays for the
-/// wake-up. Faster row kernels move the break-even point up: re-check it
-/// with the in-cache rows of `examples/throughput.rs` (1 thread against all
-/// cores) after changing them.
+/// Waking parked workers costs about what one thread needs for a few tens
+/// of thousands of elements, so a smaller call would pay more for the
+/// wake-up than a second thread saves. From here on, more threads win when
+/// the workers are awake and do not lose when they must be woken. Faster
+/// row kernels move the break-even point up: re-check it with the in-cache
+/// rows of `examples/throughput.rs` (one thread against all) after changing
+/// them (PERFORMANCE.md, "Threads").
 #[cfg(feature = "rayon")]
 pub(crate) const PARALLEL_MIN_ELEMS: usize = 1 << 17;
 
@@ -78,26 +61,18 @@ fn rows_per_task(d: usize) -> usize {
 }
 
 /// Outputs of at least this many bytes are written past the caches
-/// ([`Io::Stream`]): four times the 2 MiB per-core L2 cache of the
-/// development machine, beyond what the private caches of current CPUs
-/// hold. Plain stores read every output line before overwriting it, so a
-/// large output costs three transfers per line instead of the two of a
-/// copy.
+/// ([`Io::Stream`]): four times a 2 MiB per-core L2 cache, beyond what the
+/// private caches of current CPUs hold. Plain stores read every output
+/// line before overwriting it, so a large output costs three transfers per
+/// line instead of the two of a copy.
 const STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// Rows shorter than this many bytes are never streamed. A streamed row
 /// writes the partial lines at both of its ends with plain stores; with
 /// short rows those are a large share of all lines, and the mix of plain
-/// and non-temporal stores ran slower than plain stores alone (d = 64:
-/// `layer_norm_into` at half the speed, in `examples/throughput.rs`), while
-/// rows of 3 KiB and more ran as fast or up to 60% faster (most for long
-/// rows and at two threads). Short rows written into an L1 staging buffer
-/// of 4 or 8 KiB, which was then streamed whole (partial lines only at the
-/// ends of each group of rows), were slower still than plain stores: 256 MiB,
-/// one thread, ns per element, three runs each, `f32` d = 64 RMSNorm
-/// 0.79 - 1.02 -> 1.05 - 1.08 and LayerNorm 1.24 - 1.28 -> 1.49 - 1.63,
-/// `f64` d = 64 LayerNorm 1.60 - 1.64 -> 1.75 - 2.08, `f32` d = 256
-/// LayerNorm 1.04 - 1.06 -> 1.20 - 1.29; `f64` RMSNorm unchanged.
+/// and non-temporal stores costs more than plain stores alone. Streaming
+/// short rows whole from a staging buffer in L1 costs more still
+/// (PERFORMANCE.md, "Streaming stores" and "Tried and left out").
 const STREAM_MIN_ROW_BYTES: usize = 2048;
 
 /// Whether a contiguous `output` that the caller provides, of rows of `d`
@@ -113,12 +88,10 @@ pub(crate) fn worth_streaming<A>(output: &[A], d: usize) -> bool {
 /// anything reads it, as [`fresh::array`] requires.
 ///
 /// Streaming a large new output pays where the allocator reuses memory and
-/// costs where it maps it afresh, which the kernel zeroes into the cache on
-/// its first touch: allocating calls, one thread, ns per element, plain ->
-/// streamed, at 16 MiB (reused) `f32` LayerNorm d = 768 1.02 - 1.03 ->
-/// 0.75 - 0.99 and d = 4096 1.43 - 1.62 -> 0.99 - 1.19, at 256 MiB (mapped
-/// afresh by glibc on every call) `f64` LayerNorm d = 768 4.38 - 4.85 ->
-/// 5.55 - 5.96. Which of the two a call gets is the allocator's choice.
+/// costs where it maps it afresh: each fresh page faults on its first
+/// touch and the operating system zeroes it into the cache, where plain
+/// stores then find its lines. Which of the two a call gets is the
+/// allocator's choice (PERFORMANCE.md, "Streaming stores").
 pub(crate) fn map_rows<A: NormScalar, D: Dimension>(
     x: &ArrayRef<A, D>,
     d: usize,

@@ -36,7 +36,15 @@ mod sealed {
 /// # Ok::<(), NormError>(())
 /// ```
 pub trait NormScalar:
-    Float + Debug + Display + Send + Sync + 'static + sealed::Sealed + Kernels<Self> + StridedWalks<Self>
+    Float
+    + Debug
+    + Display
+    + Send
+    + Sync
+    + 'static
+    + sealed::Sealed
+    + Kernels<Self>
+    + StridedWalks<Self>
 {
     /// Converts to the accumulation type. Exact.
     #[doc(hidden)]

@@ -39,10 +39,9 @@
 //! so the statistics have the bits of those the forward pass saves.
 //!
 //! Rows are written as they come, not one row behind as the forward
-//! kernel's short rows are: with passes 1 and A of the next row run before
-//! pass B of each row of up to 1 KiB, `f64` LayerNorm at d = 64 and 128
-//! and `f64` RMSNorm at d = 64 were 5 - 15% slower in cache, and `f32`
-//! rows no faster (one thread, alternating builds).
+//! kernel's short rows are: running passes 1 and A of the next row before
+//! pass B of each row costs `f64` rows and gives `f32` rows nothing
+//! (PERFORMANCE.md, "Compiled once per kind of row").
 //!
 //! The statistics backward uses are those of the exact centring of
 //! [`portable`](super::portable) for both element types: an `f32` row,
@@ -265,15 +264,9 @@ pub(crate) struct Inputs<'a, A> {
     /// stores, which do not read the line first (as the forward pass's
     /// `Io::Stream`, and for the same calls: the caller's own `dx`, of
     /// rows long enough, too large for the caches); the same values, the
-    /// same bits. Measured out of cache (arrays of 256 MiB, 16 bytes past a
-    /// line as `malloc` returns them, one thread, ratios to `dx = x + dy`
-    /// with plain stores, three runs each), `f32`: LayerNorm with saved
-    /// statistics d = 4096 0.46 - 0.49x -> 0.78 - 0.87x, d = 768 0.81 -
-    /// 0.82x -> 0.87 - 0.89x; RMSNorm with saved statistics d = 4096 0.50 -
-    /// 0.55x -> 0.69 - 0.82x, d = 768 0.83 - 0.86x -> 0.92 - 0.95x;
-    /// LayerNorm computing its statistics d = 4096 0.51 - 0.53x -> 0.58 -
-    /// 0.61x. `f64` LayerNorm with saved statistics: d = 768 0.83 - 0.85x
-    /// -> 1.02 - 1.10x, d = 4096 0.66 - 0.69x -> 0.78 - 0.81x.
+    /// same bits. A plain store of a line that is not in cache reads it
+    /// from memory first, a third transfer per line on top of the copy's
+    /// two (PERFORMANCE.md, "Backward passes").
     pub(crate) stream: bool,
 }
 
@@ -407,12 +400,9 @@ impl Partials {
 /// so are the bits.
 ///
 /// Only where a vector is one line (`f32`: [`LANES`] elements of 4 bytes),
-/// so that the kept values fill one vector. `cargo bench --bench
-/// backward`, `f32`, d = 768, one thread, three alternating runs of the
-/// builds before and after, ratios to the copy: RMSNorm into `dx` 0.49 -
-/// 0.52x -> 0.67 - 0.77x, LayerNorm with saved statistics 0.42 - 0.53x ->
-/// 0.56 - 0.59x. Rows of d = 4096 share a line every 16 KiB rather than
-/// every 3 KiB, and time as before.
+/// so that the kept values fill one vector. The gain is largest where rows
+/// are short enough that such lines are frequent (PERFORMANCE.md,
+/// "Backward passes").
 struct SharedLine {
     /// Whether pass B keeps the row's head in `head` rather than storing it.
     keep_head: bool,
@@ -633,8 +623,9 @@ type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
 /// `gain` is padded to whole vectors.
 ///
 /// Pass B reads the row again (from cache) rather than terms kept from
-/// pass A: the kernel is limited by its stores, and a scratch row of
-/// terms was slower, however small.
+/// pass A: the kernel is limited by its stores, and a scratch row of terms
+/// adds stores of its own, however small it is (PERFORMANCE.md, "Tried and
+/// left out").
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUARES: bool>(
     (x, dy, gain): (&[A], &[A], &[f64]),
@@ -833,28 +824,17 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 /// on, so that short rows are asked for early enough; it may lie in the next
 /// block, or past the end, which a hint allows) is in L2 when its turn
 /// comes, and the lines of its `dx` are owned, so that the stores do not
-/// wait for them. Measured out of cache (arrays of 256 MiB, one thread,
-/// against asking for the next row's `x` and `dy` only): 10 - 30% faster
-/// at d = 64, 768 and 4096 in `f32` and `f64`. Asking for `x` and `dy` into
-/// L1 rather than L2 was as fast, except for `f32` RMSNorm at d = 4096 and
-/// 8192, which it made 25 - 40% slower.
+/// wait for them. Into L2 rather than L1: the row is read a while later,
+/// and its lines in L1 would crowd out those of the rows in use, which
+/// long `f32` rows feel most.
 ///
 /// Pass A asks for the same lines as pass B: with the hints in pass B
 /// alone, the row ahead is still on its way from memory when its turn
-/// comes wherever the row's arithmetic is short next to its bytes. Measured
-/// out of cache (arrays of 256 MiB, one thread, ratios to the copy, three
-/// alternating runs of the builds without and with the hints in pass A):
-/// `f64` LayerNorm computing its statistics d = 4096 0.65 - 0.69x -> 0.76 -
-/// 0.80x, d = 768 0.87 - 0.89x -> 0.94 - 1.00x, with saved statistics
-/// d = 4096 0.76 - 0.78x -> 0.86 - 0.87x (on the Xeon of the earlier runs in
-/// PERFORMANCE.md); on the AVX-512 EPYC, `f32` LayerNorm with saved
-/// statistics into `dx` d = 768 0.47 - 0.53x -> 0.62 - 0.66x, d = 4096
-/// 0.47 - 0.48x -> 0.53 - 0.58x. (On the Xeon, `f32` rows had lost 4 - 7%
-/// with saved statistics, and went without these hints until then.)
+/// comes wherever the row's arithmetic is short next to its bytes.
 ///
 /// A streamed `dx` ([`Inputs::stream`]) gets no hint: its lines are not
-/// read, and a hint would fetch the very lines the stores bypass (measured:
-/// streaming with the hint was slower than plain stores).
+/// read, and a hint would fetch the very lines the stores bypass
+/// (PERFORMANCE.md, "Backward passes").
 ///
 /// The forward walk's [`cache::Ahead`] is the same idea for one input
 /// asked into L1; backward keeps its own for its two inputs asked into L2.

@@ -13,18 +13,14 @@
 /// How far ahead of the current row the walk prefetches, in bytes at
 /// least. One row ahead is enough for long rows; for short ones (d = 64 is
 /// 256 or 512 bytes) the next row would arrive too late, so the hint goes
-/// to the row about 4 KiB ahead. Measured with the `out` section of
-/// `examples/throughput.rs`, one thread: against one row ahead, 4 KiB ahead
-/// lifted d = 64 in place by 10 - 30% and left d >= 768 unchanged; 16 KiB
-/// ahead was slower than both.
+/// to the row about 4 KiB ahead, by which time it has arrived; further
+/// ahead is slower (PERFORMANCE.md, "Rows ahead").
 const PREFETCH_DISTANCE: usize = 4096;
 
 /// Calls that read fewer bytes than this get no hints: their rows (and
 /// outputs, at most as large again) fit in the L2 cache of one core, where
-/// hints only compete with the row's own loads. In cache (x of 256 KiB, one
-/// thread, best of 7 runs), dropping the hints, then sent in bursts before
-/// each row, made LayerNorm and RMSNorm 5 - 20% faster at d = 768 and 4096
-/// (d = 64 within noise).
+/// hints only compete with the row's own loads (PERFORMANCE.md, "Rows
+/// ahead").
 const PREFETCH_MIN_BYTES: usize = 1 << 20;
 
 /// Whether a call reading `bytes` bytes of input asks for rows ahead.
@@ -52,14 +48,9 @@ pub(crate) const LINE: usize = 64;
 /// of the rare paths (constant, not finite, rescaled) write without asking;
 /// the processor's own prefetcher still follows the walk.
 ///
-/// Against what the walk sent before, one burst before each row's
-/// statistics for rows of up to 1 KiB and for longer rows two bursts of
-/// half a row each (one before the statistics, one before the output pass),
-/// out of cache at one thread (`PERFORMANCE.md`, "Memory traffic", min ns
-/// per element): `f64` LayerNorm in place at d = 768 1.59 -> 1.03, `f32`
-/// RMSNorm `_into` at d = 4096 0.73 -> 0.55, `f32` LayerNorm in place at
-/// d = 16384 1.01 -> 0.69; `f32` LayerNorm in place at d = 768, whose
-/// passes take longest, within the noise; in cache no hint is sent.
+/// Spread over the output pass, the requests keep the memory busy while
+/// the row is worked on, which a burst before each row does not; calls
+/// that fit in cache send none (PERFORMANCE.md, "Rows ahead").
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ahead {
     /// How many elements ahead; 0 asks for nothing.

@@ -43,9 +43,8 @@ impl<'a, A> From<Affine<'a, A>> for Params<'a, A> {
 
 /// The longest row whose parameters are widened. Beyond it the `f64` copy
 /// (16 bytes per feature, 32 with `β`) no longer fits in the L1 cache next
-/// to the row, and reading it cost more than the conversions it saves: at
-/// d = 4096 and 16384 `f32` LayerNorm ran 12 - 25% slower with it, where at
-/// d = 768 it ran about 10% faster.
+/// to the row, and reading it costs more than the conversions it saves
+/// (PERFORMANCE.md, "Contiguous arrays").
 const WIDE_ROW: usize = 1 << 10;
 
 /// Calls over fewer rows than this convert the parameters in every row: the

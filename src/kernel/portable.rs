@@ -300,9 +300,9 @@ fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
 /// Runs `$step` once for each width of the lane trees, `LANES / 2` down to
 /// 1, with `$width` bound to it. The steps are spelt out rather than looped
 /// so that each is compiled with its width known: a loop over the widths
-/// was left rolled where its body was large (the compensated tree), and the
+/// is left rolled where its body is large (the compensated tree), and the
 /// register moves of [`Vector::lanes_from`], of a length known only at run
-/// time, became calls to `memcpy`, around which every vector register was
+/// time, become calls to `memcpy`, around which every vector register is
 /// saved to the stack and reloaded.
 macro_rules! halving_widths {
     ($width:ident => $step:expr) => {{
@@ -666,7 +666,7 @@ impl<V: Vector> Fold<V> for SpreadFold {
 /// Per vector this spends two additions and the two operations of the
 /// least magnitude where the compensated sum spends six additions, on the
 /// adder that bounds the `f32` backward pass computing its statistics
-/// (PERFORMANCE.md, "Backward pass").
+/// (PERFORMANCE.md, "Plain sums where they are exact").
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn exact_spread_of_single_precision<A: NormScalar, V: Vector>(x: &[A]) -> Option<Spread> {
     if size_of::<A>() != size_of::<f32>() {

@@ -30,60 +30,28 @@
 //! ([`NormScalar::load_columns`]: a gather per column where the instruction
 //! set has one), and when the quick test of the statistics passes every row
 //! (the usual case) the outputs leave the same way; otherwise each row is
-//! written on its own; a block of constant rows is filled whole. Against
-//! moving elements one by one between rows and lanes and judging each row
-//! on its own, this (with the reciprocal of `d` in steps 2 and 3) took `f32`
-//! rows in cache, one thread, from 8.5 to 1.9 ns per element (RMSNorm,
-//! d = 1), 2.6 to 1.3 (d = 4) and 1.1 to 0.8 (d = 16); LayerNorm from 9.6
-//! to 5.8 (0.8 with the shortcut for rows of one element), 3.1 to 1.9 and
-//! 1.5 to 1.2.
+//! written on its own; a block of constant rows is filled whole. Rows this
+//! short would otherwise spend most of their time moving single elements
+//! between rows and lanes and branching on each row's verdict.
 //!
 //! With AVX-512, blocks of rows of 2, 4, 8 or 16 elements are transposed in
 //! registers instead: `d` plain loads, `d · log₂ d` two-register permutes,
 //! and the same back, where the gathers and scatters move one element each.
-//! Rows of 3, 5, 6 and 7 elements (not 7 for `f64`) take two-register
-//! permutes too, one per pair of registers that a column or a row touches,
-//! blended. In cache, one thread, best of 5, alternating builds, ns per
-//! element, gathers -> register moves:
-//!
-//! | d | `f32` RMSNorm | `f32` LayerNorm |
-//! |---|---|---|
-//! | 2 | 1.20 - 1.22 -> 0.72 - 0.77 | 2.05 - 2.07 -> 1.48 |
-//! | 3 | 1.36 -> 0.56 | 1.83 - 1.84 -> 1.15 - 1.19 |
-//! | 4 | 1.15 - 1.18 -> 0.54 - 0.55 | 1.50 - 1.56 -> 0.99 - 1.01 |
-//! | 5 | 0.97 -> 0.55 - 0.75 | 1.32 - 1.33 -> 1.00 - 1.02 |
-//! | 6 | 0.88 - 0.92 -> 0.55 - 0.57 | 1.16 - 1.18 -> 0.95 - 0.96 |
-//! | 7 | 0.78 - 0.79 -> 0.58 - 0.62 | 1.04 - 1.05 -> 0.93 - 0.95 |
-//! | 8 | 0.76 - 0.79 -> 0.50 - 0.52 | 1.01 - 1.02 -> 0.83 - 0.84 |
-//! | 16 | 0.63 - 0.64 -> 0.47 | 0.93 - 0.95 -> 0.71 - 0.72 |
-//!
-//! `f64` rows of 2, 3, 4, 5, 8 and 16 elements ran 1.1 to 1.8 times faster;
-//! at d = 6 RMSNorm went from 0.85 to 0.67 - 0.69 and LayerNorm was
-//! unchanged, and at d = 7 neither was faster.
+//! Rows of 3, 5, 6 and 7 elements (not 7 for `f64`, where the permutes gain
+//! nothing) take two-register permutes too, one per pair of registers that
+//! a column or a row touches, blended.
 //!
 //! With AVX2, blocks of rows of 2, 4, 8 or 16 elements take the same rounds
 //! of shuffles, on each half of 8 rows (`f32`) or quarter of 4 (`f64`); the
 //! other lengths gather their columns and store them one element at a time
-//! (AVX2 has no scatter), and the block tests compare whole registers. On
-//! an AMD EPYC with AVX2, in cache, one thread, best of 7, two alternating
-//! runs, ns per element, element-wise moves -> these:
-//!
-//! | d | `f32` RMSNorm | `f32` LayerNorm | `f64` RMSNorm | `f64` LayerNorm |
-//! |---|---|---|---|---|
-//! | 2 | 2.95 - 3.29 -> 1.85 - 2.04 | 5.56 - 6.85 -> 2.86 - 3.57 | 2.48 - 2.52 -> 1.80 - 1.94 | 5.69 - 6.09 -> 3.50 - 4.44 |
-//! | 3 | 2.32 - 2.73 -> 2.20 - 2.79 | 4.48 - 5.89 -> 3.32 - 4.04 | 2.44 - 3.39 -> 2.48 - 2.78 | 4.97 - 5.28 -> 3.44 - 4.53 |
-//! | 4 | 2.07 - 2.55 -> 1.34 - 1.45 | 3.72 - 5.51 -> 2.00 - 2.35 | 2.15 - 2.28 -> 1.28 - 1.55 | 3.80 - 4.90 -> 2.43 - 2.87 |
-//! | 13 | 1.96 - 2.04 -> 1.95 - 2.34 | 3.13 - 4.05 -> 2.42 - 2.58 | 1.71 - 2.15 -> 1.86 - 1.99 | 3.19 - 3.62 -> 2.62 - 2.88 |
-//! | 16 | 1.51 - 1.57 -> 0.97 - 1.47 | 2.71 - 2.89 -> 1.92 - 2.47 | 1.61 - 2.23 -> 1.70 - 2.39 | 2.56 - 2.94 -> 2.15 - 2.25 |
-//!
-//! RMSNorm of 3 and 13 elements, whose block tests are few, gained nothing
-//! from the gathers that these runs could tell from their noise.
+//! (AVX2 has no scatter), and the block tests compare whole registers
+//! (PERFORMANCE.md, "Short rows, 16 at a time").
 
 use super::cache::{self, Ahead};
 use super::portable::{
-    divide_split, general_row_stats, mean_needs_rescaling,
-    split_from_remainder, two_sum, write_layer_norm,
-    write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
+    divide_split, general_row_stats, mean_needs_rescaling, split_from_remainder, two_sum,
+    write_layer_norm, write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE,
+    TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{Affine, Io, Params, RowStats};
@@ -163,11 +131,9 @@ fn mean_split<T: Arith>(columns: &[T], exact_quotient: bool) -> (Split<T>, T, T,
 /// or not finite, so that multiplying it by `1 / d` neither underflows nor
 /// rounds, and splitting the quotient cannot overflow.
 ///
-/// `f32` LayerNorm `_into`, x of 256 KiB, one thread, three alternating
-/// runs, ns per element, Dekker's products -> without: d = 2 1.49 - 1.60 ->
-/// 1.23 - 1.29, d = 4 1.04 - 1.07 -> 0.90 - 0.99, d = 8 0.87 -> 0.79 - 0.84,
-/// d = 16 0.74 - 0.78 -> 0.72 - 0.75; on two threads over 32 MiB, d = 2
-/// 0.78 - 0.85 -> 0.65 - 0.71 and d = 8 0.49 - 0.51 -> 0.43 - 0.49.
+/// Dekker's products are a large share of the arithmetic of a row this
+/// short, and skipping them where they cannot change the split costs no
+/// bit (PERFORMANCE.md, "Exact quotients").
 fn quotient_is_exact<A>(d: usize) -> bool {
     size_of::<A>() == size_of::<f32>() && d.is_power_of_two()
 }
@@ -550,34 +516,20 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 /// trees, the division of the mean, the square root), during which the
 /// row's own output pass must wait. Computing the next row's statistics
 /// first gives the processor independent work to overlap with that chain.
-/// Measured one thread, best of 5, alternating builds (ns per element,
-/// before -> after): LayerNorm `_into` in cache (x of 256 KiB) `f64`
-/// d = 64 1.07 -> 0.92 - 0.93, d = 128 0.90 - 0.94 -> 0.78, d = 256
-/// 0.68 - 0.72 -> 0.63, `f32` d = 64 0.91 - 0.92 -> 0.87 - 0.88; in place
-/// `f64` d = 64 1.04 - 1.07 -> 0.84 - 0.89; out of cache (256 MiB) `_into`
-/// `f32` d = 64 1.00 - 1.04 -> 0.93 - 0.95, in place `f64` d = 64
-/// 1.15 - 1.17 -> 1.00 - 1.02. Rows of 3 KiB and more were unchanged or up
-/// to 5% slower.
+/// In longer rows the chain is a small share of the time.
 ///
-/// RMSNorm's chain is shorter, and only its `f32` rows gain. Measured the
-/// same way, five runs each: `f32` in cache `_into` d = 64
-/// 0.53 - 0.55 -> 0.50, d = 100 0.52 - 0.55 -> 0.47 - 0.50, d = 256
-/// 0.40 - 0.41 -> 0.38 - 0.39; in place d = 64 0.53 -> 0.48 - 0.51, d = 100
-/// 0.67 - 0.68 -> 0.46 - 0.48 (out of cache 0.72 -> 0.53). `f64` rows lost
-/// at d = 64 (`_into` 0.44 - 0.45 -> 0.49 - 0.53) and d = 128, so `f64`
-/// RMSNorm is not pipelined, with one exception.
+/// RMSNorm's chain is shorter (no mean split), and only its `f32` rows
+/// gain from the overlap; `f64` RMSNorm rows lose, and are not pipelined,
+/// with one exception.
 ///
 /// In place, a row whose length is not a whole number of cache lines
 /// shares its last line with the next row, whose first load then follows
-/// the store of the previous row's tail closely (the likely reason why such
-/// rows were slow). Pipelined, the statistics of the next row come between
-/// them: `f64` RMSNorm in place in cache, five runs each, d = 20
-/// 2.61 - 2.76 -> 1.46 - 1.60 (one run 2.00), d = 36 1.51 - 1.69 ->
-/// 1.05 - 1.07 (two runs above), d = 100 0.67 - 0.88 -> 0.43 - 0.58. Rows
-/// of whole lines that still end in a partial vector gained nothing
-/// (d = 24 1.24 - 1.34 -> 1.25 - 1.31, d = 40 0.81 - 0.87 -> 0.89 - 0.92
-/// with one run of each build at 1.48 and 1.60), so the test is the line,
-/// not the vector. Every operation pipelines such rows in place.
+/// closely on the store of the previous row's tail (the likely reason why
+/// such rows are slow when written as they come). Pipelined, the
+/// statistics of the next row come between them. The test is the line,
+/// not the vector: rows of whole lines that end in a partial vector gain
+/// nothing. Every operation pipelines such rows in place (PERFORMANCE.md,
+/// "Short rows, 16 at a time").
 const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 
 /// Runs `op` on rows longer than [`SHORT_ROW`], one by one, asking for
@@ -649,9 +601,9 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
     // short rows are written with plain stores) is requested while this
     // one is worked on. Hints past the end never fault, and in a contiguous
     // array they reach the rows of the next call, which the same thread
-    // usually takes next: bounding them to this call's blocks made `f32`
-    // rows of 1 and 2 elements a third to two thirds slower (32 MiB, two
-    // threads, three alternating runs of the `tiny` section).
+    // usually takes next: bounding them to this call's blocks would leave
+    // the first blocks of every call waiting on memory, which the rows of
+    // one or two elements, with the least arithmetic per byte, feel most.
     let ahead = cache::rows_ahead::<A>(block) * block;
     let prefetch = op.prefetch();
     match io {

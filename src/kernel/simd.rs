@@ -273,8 +273,8 @@ const PAGE: usize = 4096;
 /// of `tail`'s last element, so that masked moves of `tail` touch no page
 /// the slice does not. Where the off lanes of a masked move lie on another
 /// page, the processor must make sure they cannot fault, which can take a
-/// microcode assist: rows that each made one such load of a parameter's
-/// last element ran 4x slower than with the stack copy this asks for.
+/// microcode assist on every row: far more than the stack copy this asks
+/// for (PERFORMANCE.md, "Row tails").
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(crate) fn chunk_stays_in_page<T>(tail: &[T]) -> bool {
     let start = tail.as_ptr() as usize;

@@ -748,9 +748,9 @@ vector_type! {
         // powers of two, the permutes of `BlockPermutes` otherwise)
         // instead of gathered and scattered one column at a time. Rows of
         // 9 to 15 elements keep the gathers: a column then touches up to 8
-        // register pairs, and with permutes `f32` rows of 11 to 15 ran 12 -
-        // 58% slower (d = 9: RMSNorm 15% faster, LayerNorm unchanged).
-        // So do `f64` rows of 7, where the permutes were no faster.
+        // register pairs, and the permutes and blends cost more than the
+        // gathers they replace. So do `f64` rows of 7, where the permutes
+        // gain nothing (PERFORMANCE.md, "Short rows, 16 at a time").
         #[cfg_attr(not(debug_assertions), inline(always))]
         fn load_columns_f32(rows: &[f32], d: usize, columns: &mut [Self; LANES]) {
             let whole = rows.len() == LANES * d;

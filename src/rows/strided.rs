@@ -37,11 +37,10 @@ use crate::kernel::{cache, transpose_lines, Io, Isa};
 use crate::scalar::NormScalar;
 
 /// Bytes of row data a gather block holds: as many rows as fit, within
-/// [`MIN_BLOCK_ROWS`] and [`MAX_BLOCK_ROWS`] (the L2 cache of one core of
-/// the development machine). On 64 MiB Fortran-order `f32` arrays done in
-/// place, 64-row blocks beat 32-row ones at d = 4096 (each visit to a column
-/// reads 256 bytes instead of 128), while blocks of 256 rows and more were
-/// slower at d = 768.
+/// [`MIN_BLOCK_ROWS`] and [`MAX_BLOCK_ROWS`] (a 2 MiB L2 cache of one
+/// core). More rows per block make each visit to a column read more of it
+/// at once; beyond the cache, the block is evicted before the kernel is
+/// through with it (PERFORMANCE.md, "Strided arrays").
 const BLOCK_BYTES: usize = 1 << 21;
 
 /// The fewest rows in one block: each visit to a column reads at least this
@@ -55,17 +54,14 @@ const MAX_BLOCK_ROWS: usize = 64;
 const TILE_BYTES: usize = 128;
 
 /// Rows of at most this many bytes are gathered straight into a contiguous
-/// output and normalised there; longer ones go through the buffer. Measured
-/// on 64 MiB Fortran-order `f32` inputs at one thread: straight into the
-/// output was a third faster at d = 64, no different at d = 4 and 768, and
-/// slower at d = 4096.
+/// output and normalised there, which spares short rows the copy out of
+/// the buffer; longer ones go through the buffer, where that copy is a
+/// small share of their work (PERFORMANCE.md, "Strided hints").
 const DIRECT_ROW_BYTES: usize = 1 << 10;
 
 /// The largest block [`PanelPrefetch`] asks for: with the block being worked
-/// on, it must stay in the L2 cache. Measured with the `strided` section of
-/// `examples/throughput.rs`: at d = 768 (blocks of 192 KiB for `f32`) the
-/// hints made Fortran-order `layer_norm_into` and `_inplace` 20 - 30%
-/// faster; at d = 4096 and 16384 (1 and 4 MiB blocks) they did not help.
+/// on, it must stay in the L2 cache; larger blocks ask for the strips
+/// ahead instead ([`STRIPS_AHEAD`]) (PERFORMANCE.md, "Strided arrays").
 const PREFETCH_BLOCK_BYTES: usize = 512 << 10;
 
 /// Cache hints for a Fortran-order panel: while block `b` is normalised,
@@ -154,10 +150,9 @@ impl<A> NextBlock<A> {
 
 /// Bytes of rows per kernel call on a gathered block: [`NextBlock`] hints
 /// are given between calls, so that they spread over the block's work.
-/// Measured on 256 MiB Fortran-order `f32` inputs (`layer_norm_into`, one
-/// thread): at d = 64, calls of 4 to 64 rows ran 20 - 25% faster than one
-/// row per call; at d = 2048 to 16384, calls of 8 rows were 4 - 7% slower
-/// than single rows.
+/// Short rows then reach the kernel many at a time, which takes them 16
+/// at once; rows of this size or longer go one per call
+/// (PERFORMANCE.md, "Strided hints").
 const GROUP_BYTES: usize = 4096;
 
 /// Rows per kernel call on a gathered block, for rows of `d` elements.
@@ -212,21 +207,18 @@ fn gathered<A>(x: &ArrayView2<'_, A>) -> bool {
 /// rows that fit in one strip of [`LineTile`]. Longer Fortran-order rows
 /// would be written to the output a strip of each row at a time, out of
 /// memory order; through the buffer the kernel writes them in order.
-/// Measured on 256 MiB Fortran-order `f32` inputs (`layer_norm_into`, ns
-/// per element, straight -> through the buffer): one thread d = 64
-/// 2.32 -> 1.81 - 1.94, d = 256 2.53 - 2.67 -> 2.21 - 2.27; two threads
-/// d = 64 1.17 -> 1.01, d = 256 1.39 -> 1.16; d = 8 and 16 the same or
-/// up to 7% slower.
+/// Gathering short rows straight into the output spares them the copy out
+/// of the buffer (PERFORMANCE.md, "Strided hints").
 fn direct_rows<A: NormScalar>(x: &ArrayView2<'_, A>) -> bool {
     let d = x.ncols();
     d * size_of::<A>() <= DIRECT_ROW_BYTES
         && (!by_columns(x.strides()) || d <= LineTile::<A>::WIDTH)
 }
 
-/// The longest rows [`RowsAhead`] gives hints for. Measured on 256 MiB
-/// inputs with every other row taken (`layer_norm_into`, one thread, against
-/// no hints): `f32` d = 768 (3 KiB rows) 18% faster, `f64` d = 768 25%,
-/// `f32` d = 2048 3 - 5%; `f32` d = 4096 and 16384 5% slower.
+/// The longest rows [`RowsAhead`] gives hints for: a longer row is a long
+/// enough run of memory for the processor's own prefetcher to follow, and
+/// a burst of hints for it only competes with that (PERFORMANCE.md,
+/// "Strided hints").
 const HINT_MAX_ROW_BYTES: usize = 8 << 10;
 
 /// Cache hints for contiguous rows that are not back to back, handed to the
@@ -362,10 +354,7 @@ fn map<A: NormScalar>(
 }
 
 /// `x[r] = kernel(x[r])` for every row `r`.
-fn map_in_place<A: NormScalar>(
-    x: ArrayViewMut<'_, A, IxDyn>,
-    kernel: &RowKernel<'_, A>,
-) {
+fn map_in_place<A: NormScalar>(x: ArrayViewMut<'_, A, IxDyn>, kernel: &RowKernel<'_, A>) {
     let x = if x.ndim() == 1 {
         x.insert_axis(Axis(0))
     } else {
@@ -597,9 +586,8 @@ fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
 /// Column by column, where the [`LineTile`] is transposed in registers, a
 /// strip of the buffer's rows is transposed into the tile and each column
 /// piece is written from it in one run; otherwise each column is copied
-/// element by element (on Fortran-order arrays done in place that beat the
-/// tiled walk of [`copy_block`] at every d measured, 4 to 4096, and going
-/// through a tile moved element by element was 6 - 9% slower at d = 64).
+/// element by element, which writes each column's piece in one run too and
+/// spares the tile's extra copy (PERFORMANCE.md, "Strided arrays").
 fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
     let d = dst.ncols();
     if !by_columns(dst.strides()) {
@@ -626,33 +614,26 @@ fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
 /// The largest block gathered through a [`LineTile`] moved element by
 /// element (instruction sets without the register transposes; with them,
 /// every block goes through the tile). Element by element, larger blocks
-/// ran slower through the tile than through `Zip` tiles in place (256 MiB
-/// Fortran-order `f32`, one thread, d = 4096: 4.0 against 3.5 - 3.8 ns per
-/// element): their rows lie 16 KiB and more apart in the buffer, and a strip
-/// writes a line into each of them in turn. With the transposes in
-/// registers and the [`STRIPS_AHEAD`] hints, the tile won at d = 4096 and
-/// 16384 (four alternating runs, ns per element: `f32` `layer_norm_inplace`
-/// d = 4096 4.0 - 4.3 -> 3.0 - 3.2, d = 16384 5.7 - 6.3 -> 4.4 - 4.8,
-/// `layer_norm_into` d = 4096 2.2 - 2.4 -> 1.86 - 1.90; `f64` 15 - 25%).
+/// are slower through the tile than through `Zip` tiles: their rows lie
+/// 16 KiB and more apart in the buffer, and a strip writes a line into each
+/// of them in turn. With the transposes in registers and the
+/// [`STRIPS_AHEAD`] hints, the tile pays at every size (PERFORMANCE.md,
+/// "Strided arrays").
 const SMALL_BLOCK_BYTES: usize = 512 << 10;
 
 /// How many strips ahead of the one being copied the column pieces are
 /// asked for, while a block goes through a [`LineTile`] (read when
-/// gathering, for writing when scattering). Measured on 256 MiB
-/// Fortran-order `f32` inputs at one thread, blocks through the tile in
-/// registers, ns per element, without hints -> one strip ahead:
-/// `layer_norm_inplace` d = 4096 2.98 - 4.69 -> 2.66 - 2.97 (five
-/// alternating runs; with hints for reading only 3.28 - 4.17),
-/// `layer_norm_into` d = 4096 2.04 - 2.05 -> 1.88 - 1.96 (two runs). Two
-/// strips ahead were no better than one, four worse; d = 768, whose next
-/// block [`PanelPrefetch`] already asks for, the same with or without.
+/// gathering, for writing when scattering): blocks too large for
+/// [`PanelPrefetch`] would otherwise wait on memory for every column piece.
+/// One strip ahead gives the lines time to arrive; further ahead gains
+/// nothing (PERFORMANCE.md, "Strided hints").
 const STRIPS_AHEAD: usize = 1;
 
 /// Whether the strips of a block of `len` elements whose column pieces lie
 /// `strides[1]` apart get hints: when the panel they span (rows of `d`
 /// elements) is larger than a call that the kernel asks hints for, and the
-/// block too large for [`PanelPrefetch`] to have asked for it already (at
-/// d = 64 the hints of both made `layer_norm_inplace` 5% slower).
+/// block too large for [`PanelPrefetch`] to have asked for it already: the
+/// hints of both for one block only compete with each other.
 fn hints_for_strips<A>(strides: &[isize], d: usize, len: usize) -> bool {
     let column_stride = strides.get(1).map_or(0, |stride| stride.unsigned_abs());
     let span = column_stride
@@ -675,10 +656,9 @@ const LINE_TILE_COLUMNS: usize = 16;
 /// the instruction set allows (AVX-512, AVX2), element by element elsewhere
 /// and at the edges. Scattering goes the other way through the same tile.
 ///
-/// Against the `Zip` tiles of [`copy_block`], the tile with element-wise
-/// moves took Fortran-order `f32` `layer_norm_into` at one thread from 1.56
-/// to 1.34 ns per element at d = 64 in cache (x of 256 KiB; the same at
-/// d = 768); see [`SMALL_BLOCK_BYTES`] out of cache.
+/// Even with element-wise moves, the tile beats the `Zip` tiles of
+/// [`copy_block`] on blocks that stay in cache; see [`SMALL_BLOCK_BYTES`]
+/// for larger ones.
 struct LineTile<A> {
     /// `columns[k][r]`: element `r` of the strip's column `k`.
     columns: [[A; MAX_BLOCK_ROWS]; LINE_TILE_COLUMNS],
@@ -935,9 +915,9 @@ impl<A: NormScalar> Job for Map<'_, '_, A> {
                     // normalise them there.
                     copy_block(&mut out, &x);
                     if let Some(rows) = out.as_slice_mut() {
-                        // No hints for the next block here: on 256 MiB
-                        // `f32` inputs they made d = 128 and 256 10 - 15%
-                        // slower and d = 64 no faster.
+                        // No hints for the next block here: on rows this
+                        // short they cost more than they save
+                        // (PERFORMANCE.md, "Strided hints").
                         in_groups(rows, d, &next.silenced(), kernel);
                         continue;
                     }
