@@ -1698,18 +1698,6 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
 /// row `ahead` on the way.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
-    io: Io<'_, A>,
-    params: Params<'_, A>,
-    centring: Centring,
-    ahead: Ahead,
-) {
-    V::write_layer_norm(io, params, centring, ahead);
-}
-
-/// The body of [`write_layer_norm`], compiled once per vector type in its
-/// [island](super::islands).
-#[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn write_layer_norm_pass<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
     params: Params<'_, A>,
     centring: Centring,
@@ -1763,18 +1751,6 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 /// NaN or an infinity), asking for the row `ahead` on the way.
 #[cfg_attr(not(debug_assertions), inline(always))]
 pub(super) fn write_rms_norm<A: NormScalar, V: Vector>(
-    io: Io<'_, A>,
-    params: Params<'_, A>,
-    scaling: Option<(f64, f64)>,
-    ahead: Ahead,
-) {
-    V::write_rms_norm(io, params, scaling, ahead);
-}
-
-/// The body of [`write_rms_norm`], compiled once per vector type in its
-/// [island](super::islands).
-#[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn write_rms_norm_pass<A: NormScalar, V: Vector>(
     mut io: Io<'_, A>,
     params: Params<'_, A>,
     scaling: Option<(f64, f64)>,

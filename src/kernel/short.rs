@@ -49,9 +49,9 @@
 
 use super::cache::{self, Ahead};
 use super::portable::{
-    divide_split, general_row_stats, mean_needs_rescaling, split_from_remainder, two_sum,
-    write_layer_norm, write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE,
-    TINY_MAGNITUDE, TINY_SQUARES,
+    centring as long_centring, divide_split, general_row_stats, mean_needs_rescaling,
+    rms_scaling as long_rms_scaling, split_from_remainder, two_sum, write_layer_norm,
+    write_rms_norm, Centring, Split, EPS_HIDES_TINY, HUGE_MAGNITUDE, TINY_MAGNITUDE, TINY_SQUARES,
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{Affine, Io, Params, RowStats};
@@ -197,9 +197,11 @@ trait ShortOp<A: NormScalar>: Copy {
     /// The long-row kernel, for the rows it must handle.
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn general<V: Vector>(self, io: Io<'_, A>) {
-        let stats = self.stats::<V>(io.input());
-        self.write::<V>(io, stats, Ahead::NONE);
+        let d = io.input().len();
+        self.long_rows::<V>(io, d);
     }
+    /// [`long_rows`] of this operation, in its [island](super::islands).
+    fn long_rows<V: Vector>(self, io: Io<'_, A>, d: usize);
     /// Whether [`long_rows`] computes each row's statistics before writing
     /// the row before it (for rows of at most [`PIPELINE_MAX_ROW_BYTES`]).
     const PIPELINED: bool;
@@ -403,11 +405,15 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     type Stats = Centring;
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn stats<V: Vector>(self, x: &[A]) -> Centring {
-        V::centring(x, self.eps)
+        long_centring::<A, V>(x, self.eps)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn write<V: Vector>(self, io: Io<'_, A>, stats: Centring, ahead: Ahead) {
         write_layer_norm::<A, V>(io, self.params, stats, ahead);
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn long_rows<V: Vector>(self, io: Io<'_, A>, d: usize) {
+        V::layer_norm_long_rows(io, d, self.params, self.eps);
     }
 
     fn prefetch(self) -> bool {
@@ -474,11 +480,15 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     type Stats = Option<(f64, f64)>;
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn stats<V: Vector>(self, x: &[A]) -> Option<(f64, f64)> {
-        V::rms_scaling(x, self.eps)
+        long_rms_scaling::<A, V>(x, self.eps)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn write<V: Vector>(self, io: Io<'_, A>, stats: Option<(f64, f64)>, ahead: Ahead) {
         write_rms_norm::<A, V>(io, self.params, stats, ahead);
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn long_rows<V: Vector>(self, io: Io<'_, A>, d: usize) {
+        V::rms_norm_long_rows(io, d, self.params, self.eps);
     }
 
     fn prefetch(self) -> bool {
@@ -541,6 +551,9 @@ const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 /// operation (and, in place, short rows that end inside a cache line) are
 /// written one row behind: each row's statistics are computed before the
 /// previous row is written (same arithmetic per row, so the same bits).
+///
+/// Compiled once per operation in its [island](super::islands), which
+/// [`ShortOp::long_rows`] calls.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
     let streamed = matches!(io, Io::Stream { .. });
@@ -584,6 +597,30 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     }
 }
 
+/// LayerNorm of the rows of length `d` (more than [`SHORT_ROW`]) of `io`:
+/// the body of its [island](super::islands).
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn layer_norm_long_rows<A: NormScalar, V: Vector>(
+    io: Io<'_, A>,
+    d: usize,
+    params: Params<'_, A>,
+    eps: f64,
+) {
+    long_rows::<A, V, _>(io, d, LayerNormOp { params, eps });
+}
+
+/// RMSNorm of the rows of length `d` of `io`: the body of its
+/// [island](super::islands).
+#[cfg_attr(not(debug_assertions), inline(always))]
+pub(super) fn rms_norm_long_rows<A: NormScalar, V: Vector>(
+    io: Io<'_, A>,
+    d: usize,
+    params: Params<'_, A>,
+    eps: f64,
+) {
+    long_rows::<A, V, _>(io, d, RmsNormOp { params, eps });
+}
+
 /// Runs `op` on every row: short rows 16 at a time with vectors and the
 /// rest of them one by one, longer rows one by one in the long-row kernel.
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -593,7 +630,7 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
         return;
     }
     if d > SHORT_ROW {
-        long_rows::<A, V, Op>(io, d, op);
+        op.long_rows::<V>(io, d);
         return;
     }
     let block = d * LANES;

@@ -1465,10 +1465,15 @@ fn avx2_column_offsets(d: usize) -> (__m256i, __m256i) {
 /// kernel for that set's vector type.
 macro_rules! trampolines {
     ($features:literal, $vector:ty) => {
-        use super::super::backward::{RowAhead, RowInputs};
-        use super::super::cache::Ahead;
+        use super::super::backward::{
+            self, Inputs, Partials, RowAhead, RowCentring, RowInputs, RowScaling, Saved,
+        };
         use super::super::islands::{islands, Islands};
-        use super::super::portable::{Centring, Store};
+        use super::super::portable::{self, Store};
+        use super::super::short;
+        use super::super::transpose;
+        use super::super::{Affine, Io, Params, RowStats};
+        use crate::scalar::NormScalar;
 
         islands!(
             /// # Safety
@@ -1476,69 +1481,6 @@ macro_rules! trampolines {
             #[target_feature(enable = $features)]
             [unsafe] $vector
         );
-
-        #[allow(private_interfaces, private_bounds)]
-        impl Islands for $vector {
-            #[cfg_attr(not(debug_assertions), inline(always))]
-            fn centring<A: NormScalar>(x: &[A], eps: f64) -> Centring {
-                // SAFETY: a value of this vector type only exists inside
-                // the trampolines, which run after feature detection.
-                unsafe { centring(x, eps) }
-            }
-            #[cfg_attr(not(debug_assertions), inline(always))]
-            fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)> {
-                // SAFETY: as for `centring`.
-                unsafe { rms_scaling(x, eps) }
-            }
-            #[cfg_attr(not(debug_assertions), inline(always))]
-            fn write_layer_norm<A: NormScalar>(
-                io: Io<'_, A>,
-                params: Params<'_, A>,
-                centring: Centring,
-                ahead: Ahead,
-            ) {
-                // SAFETY: as for `centring`.
-                unsafe { write_layer_norm(io, params, centring, ahead) }
-            }
-            #[cfg_attr(not(debug_assertions), inline(always))]
-            fn write_rms_norm<A: NormScalar>(
-                io: Io<'_, A>,
-                params: Params<'_, A>,
-                scaling: Option<(f64, f64)>,
-                ahead: Ahead,
-            ) {
-                // SAFETY: as for `centring`.
-                unsafe { write_rms_norm(io, params, scaling, ahead) }
-            }
-            #[cfg_attr(not(debug_assertions), inline(always))]
-            fn layer_norm_backward_saved<A: NormScalar, S: Store>(
-                row: RowInputs<'_, A>,
-                dx: &mut [A],
-                stats: RowCentring,
-                ahead: RowAhead,
-                partials: &mut Partials,
-            ) {
-                // SAFETY: as for `centring`.
-                unsafe { layer_norm_backward_saved::<A, S>(row, dx, stats, ahead, partials) }
-            }
-            #[cfg_attr(not(debug_assertions), inline(always))]
-            fn rms_norm_backward_saved<A: NormScalar, S: Store>(
-                row: RowInputs<'_, A>,
-                dx: &mut [A],
-                stats: RowScaling,
-                ahead: RowAhead,
-                partials: &mut Partials,
-            ) {
-                // SAFETY: as for `centring`.
-                unsafe { rms_norm_backward_saved::<A, S>(row, dx, stats, ahead, partials) }
-            }
-        }
-
-        use super::super::backward::{self, Inputs, Partials, RowCentring, RowScaling, Saved};
-        use super::super::portable;
-        use super::super::transpose;
-        use super::super::{Affine, Io, Params, RowStats};
-        use crate::scalar::NormScalar;
 
         /// # Safety
         /// The CPU must support the module's target features.
