@@ -580,17 +580,28 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
             Ahead::NONE
         }
     };
+    // One site each for the statistics and the output pass, which are
+    // inlined here: a row is written as it comes, or one row behind when
+    // pipelined, and the step after the last row writes the one pending.
+    let mut rows = io.rows(d).enumerate();
     let mut pending = None;
-    for (row, io) in io.rows(d).enumerate() {
-        let stats = op.stats::<V>(io.input());
-        if !pipelined {
-            op.write::<V>(io, stats, ahead(row));
-        } else if let Some((io, stats, row)) = pending.replace((io, stats, row)) {
+    loop {
+        let current = rows.next().map(|(row, io)| {
+            let stats = op.stats::<V>(io.input());
+            (io, stats, row)
+        });
+        let last = current.is_none();
+        let ready = if pipelined {
+            std::mem::replace(&mut pending, current)
+        } else {
+            current
+        };
+        if let Some((io, stats, row)) = ready {
             op.write::<V>(io, stats, ahead(row));
         }
-    }
-    if let Some((io, stats, row)) = pending {
-        op.write::<V>(io, stats, ahead(row));
+        if last {
+            break;
+        }
     }
     if streamed {
         cache::after_streaming();
