@@ -168,16 +168,48 @@ pub(crate) enum Isa {
 static DETECTED: AtomicU8 = AtomicU8::new(0);
 
 impl Isa {
-    /// The best instruction set this CPU supports. Detection runs once per
-    /// process; afterwards this is one relaxed atomic load.
+    /// The best instruction set this CPU supports, or the best up to the one
+    /// named by the environment variable `NDARRAY_LAYERNORM_ISA`
+    /// (`portable`, `avx2` or `avx512`), which lets a run measure or check
+    /// one path against another; the bits are the same on every path.
+    /// Detection runs once per process; afterwards this is one relaxed
+    /// atomic load.
     pub(crate) fn detect() -> Isa {
         match DETECTED.load(Ordering::Relaxed) {
             0 => {
-                let isa = Isa::available().last().copied().unwrap_or(Isa::Portable);
+                let cap = std::env::var("NDARRAY_LAYERNORM_ISA").ok();
+                let isa = Isa::best_up_to(&Isa::available(), cap.as_deref());
                 DETECTED.store(isa.code(), Ordering::Relaxed);
                 isa
             }
             code => Isa::from_code(code),
+        }
+    }
+
+    /// The last of `available` (worst first) that is no better than the
+    /// instruction set `cap` names; the last of all when `cap` is `None` or
+    /// names none.
+    fn best_up_to(available: &[Isa], cap: Option<&str>) -> Isa {
+        const NAMES: [&str; 3] = ["portable", "avx2", "avx512"];
+        let limit = cap.and_then(|cap| {
+            let cap = cap.trim();
+            NAMES.iter().position(|name| cap.eq_ignore_ascii_case(name))
+        });
+        available
+            .iter()
+            .copied()
+            .rfind(|isa| limit.is_none_or(|limit| isa.rank() <= limit))
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// The place of this instruction set in `portable`, `avx2`, `avx512`.
+    fn rank(self) -> usize {
+        match self {
+            Isa::Portable => 0,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => 1,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => 2,
         }
     }
 
@@ -446,6 +478,24 @@ mod tests {
                 single[place.clone()].copy_from_slice(&narrow);
                 check_all_paths(&single[place]);
             }
+        }
+    }
+
+    #[test]
+    fn the_environment_caps_the_instruction_set() {
+        let all = Isa::available();
+        let best = *all.last().unwrap();
+        assert_eq!(Isa::best_up_to(&all, None), best);
+        assert_eq!(Isa::best_up_to(&all, Some("no such set")), best);
+        assert_eq!(Isa::best_up_to(&all, Some("portable")), Isa::Portable);
+        assert_eq!(Isa::best_up_to(&all, Some(" Portable ")), Isa::Portable);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let sets = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+            assert_eq!(Isa::best_up_to(&sets, Some("avx2")), Isa::Avx2);
+            assert_eq!(Isa::best_up_to(&sets, Some("avx512")), Isa::Avx512);
+            // A cap above what the CPU has changes nothing.
+            assert_eq!(Isa::best_up_to(&sets[..2], Some("avx512")), Isa::Avx2);
         }
     }
 
