@@ -77,12 +77,15 @@ use super::portable::{
     Streaming, Variance, BLOCK,
 };
 use super::short::{self, SHORT_ROW};
+use std::marker::PhantomData;
+
+use super::islands::Island;
 use super::simd::{Portable, Vector, LANES};
 use super::{cache, widened_gain, Affine, Io};
 use crate::scalar::NormScalar;
 
 /// One row's `x`, `dy` and gain (the gain padded to whole vectors).
-pub(super) type RowInputs<'a, A> = (&'a [A], &'a [A], &'a [f64]);
+type RowInputs<'a, A> = (&'a [A], &'a [A], &'a [f64]);
 
 /// Rows per block of the per-feature sums over rows.
 pub(crate) const BLOCK_ROWS: usize = 64;
@@ -838,7 +841,7 @@ impl<V: Vector, const WITH_BETA: bool> Gradient<V> for Singular<WITH_BETA> {
 ///
 /// The forward walk's [`cache::Ahead`] is the same idea for one input
 /// asked into L1; backward keeps its own for its two inputs asked into L2.
-pub(super) type RowAhead = Option<usize>;
+type RowAhead = Option<usize>;
 
 /// The [`RowAhead`] of a block's rows.
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -1198,9 +1201,8 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     layer_norm_pass_b::<A, V, S, false>(row, dx, stats, (g_sum, ge_sum), ahead, partials);
 }
 
-/// LayerNorm backward of one row from its saved statistics.
-/// Backward of a row from its saved statistics: its
-/// [island](super::islands), [`layer_norm_backward_saved_pass`].
+/// LayerNorm backward of one row from its saved statistics, in its
+/// [island](LayerNormFromSaved).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     row: RowInputs<'_, A>,
@@ -1209,14 +1211,30 @@ fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     ahead: RowAhead,
     partials: &mut Partials,
 ) {
-    V::layer_norm_backward_saved::<A, S>(row, dx, stats, ahead, partials);
+    V::island::<LayerNormFromSaved<A, S>>((row, dx, stats, ahead, partials));
+}
+
+/// The arguments of the backward of a row from saved statistics `T`.
+type FromSavedArgs<'a, A, T> = (RowInputs<'a, A>, &'a mut [A], T, RowAhead, &'a mut Partials);
+
+/// [`layer_norm_backward_saved_pass`] as an [`Island`]: called from three
+/// sites per kernel, compiled once per vector type and store kind.
+struct LayerNormFromSaved<A, S>(PhantomData<(A, S)>);
+
+impl<A: NormScalar, S: Store> Island for LayerNormFromSaved<A, S> {
+    type Args<'a> = FromSavedArgs<'a, A, RowCentring>;
+    type Output = ();
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn run<V: Vector>((row, dx, stats, ahead, partials): Self::Args<'_>) {
+        layer_norm_backward_saved_pass::<A, V, S>(row, dx, stats, ahead, partials);
+    }
 }
 
 /// The body of [`layer_norm_backward_saved`]. A rescaled row (rare: its
 /// squares overflow or underflow) takes the portable path, which has the
 /// same bits, so that no vector body is compiled for it.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn layer_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
+fn layer_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
     row: RowInputs<'_, A>,
     dx: &mut [A],
     stats: RowCentring,
@@ -1352,9 +1370,8 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     }
 }
 
-/// RMSNorm backward of one row from its saved statistics.
-/// Backward of a row from its saved statistics: its
-/// [island](super::islands), [`rms_norm_backward_saved_pass`].
+/// RMSNorm backward of one row from its saved statistics, in its
+/// [island](RmsNormFromSaved).
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     row: RowInputs<'_, A>,
@@ -1363,13 +1380,26 @@ fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
     ahead: RowAhead,
     partials: &mut Partials,
 ) {
-    V::rms_norm_backward_saved::<A, S>(row, dx, stats, ahead, partials);
+    V::island::<RmsNormFromSaved<A, S>>((row, dx, stats, ahead, partials));
+}
+
+/// [`rms_norm_backward_saved_pass`] as an [`Island`], as
+/// [`LayerNormFromSaved`].
+struct RmsNormFromSaved<A, S>(PhantomData<(A, S)>);
+
+impl<A: NormScalar, S: Store> Island for RmsNormFromSaved<A, S> {
+    type Args<'a> = FromSavedArgs<'a, A, RowScaling>;
+    type Output = ();
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn run<V: Vector>((row, dx, stats, ahead, partials): Self::Args<'_>) {
+        rms_norm_backward_saved_pass::<A, V, S>(row, dx, stats, ahead, partials);
+    }
 }
 
 /// The body of [`rms_norm_backward_saved`]; rescaled rows as in
 /// [`layer_norm_backward_saved_pass`].
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
+fn rms_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
     row: RowInputs<'_, A>,
     dx: &mut [A],
     stats: RowScaling,

@@ -47,7 +47,10 @@
 //! (AVX2 has no scatter), and the block tests compare whole registers
 //! (PERFORMANCE.md, "Short rows, 16 at a time").
 
+use std::marker::PhantomData;
+
 use super::cache::{self, Ahead};
+use super::islands::Island;
 use super::portable::{
     centring as long_centring, divide_split, general_row_stats, mean_needs_rescaling,
     rms_scaling as long_rms_scaling, split_from_remainder, two_sum, write_layer_norm,
@@ -200,8 +203,11 @@ trait ShortOp<A: NormScalar>: Copy {
         let d = io.input().len();
         self.long_rows::<V>(io, d);
     }
-    /// [`long_rows`] of this operation, in its [island](super::islands).
-    fn long_rows<V: Vector>(self, io: Io<'_, A>, d: usize);
+    /// [`long_rows`] of this operation, in its [island](LongRows).
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn long_rows<V: Vector>(self, io: Io<'_, A>, d: usize) {
+        V::island::<LongRows<A, Self>>((io, d, self));
+    }
     /// Whether [`long_rows`] computes each row's statistics before writing
     /// the row before it (for rows of at most [`PIPELINE_MAX_ROW_BYTES`]).
     const PIPELINED: bool;
@@ -411,10 +417,6 @@ impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
     fn write<V: Vector>(self, io: Io<'_, A>, stats: Centring, ahead: Ahead) {
         write_layer_norm::<A, V>(io, self.params, stats, ahead);
     }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn long_rows<V: Vector>(self, io: Io<'_, A>, d: usize) {
-        V::layer_norm_long_rows(io, d, self.params, self.eps);
-    }
 
     fn prefetch(self) -> bool {
         self.params.prefetch
@@ -486,10 +488,6 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
     fn write<V: Vector>(self, io: Io<'_, A>, stats: Option<(f64, f64)>, ahead: Ahead) {
         write_rms_norm::<A, V>(io, self.params, stats, ahead);
     }
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn long_rows<V: Vector>(self, io: Io<'_, A>, d: usize) {
-        V::rms_norm_long_rows(io, d, self.params, self.eps);
-    }
 
     fn prefetch(self) -> bool {
         self.params.prefetch
@@ -552,7 +550,7 @@ const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 /// written one row behind: each row's statistics are computed before the
 /// previous row is written (same arithmetic per row, so the same bits).
 ///
-/// Compiled once per operation in its [island](super::islands), which
+/// Compiled once per operation in its [island](LongRows), which
 /// [`ShortOp::long_rows`] calls.
 #[cfg_attr(not(debug_assertions), inline(always))]
 fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
@@ -608,28 +606,17 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
     }
 }
 
-/// LayerNorm of the rows of length `d` (more than [`SHORT_ROW`]) of `io`:
-/// the body of its [island](super::islands).
-#[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn layer_norm_long_rows<A: NormScalar, V: Vector>(
-    io: Io<'_, A>,
-    d: usize,
-    params: Params<'_, A>,
-    eps: f64,
-) {
-    long_rows::<A, V, _>(io, d, LayerNormOp { params, eps });
-}
+/// [`long_rows`] of one operation, as an [`Island`]: its output loops are
+/// compiled once per vector type, however many places hand rows to it.
+struct LongRows<A, Op>(PhantomData<(A, Op)>);
 
-/// RMSNorm of the rows of length `d` of `io`: the body of its
-/// [island](super::islands).
-#[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_norm_long_rows<A: NormScalar, V: Vector>(
-    io: Io<'_, A>,
-    d: usize,
-    params: Params<'_, A>,
-    eps: f64,
-) {
-    long_rows::<A, V, _>(io, d, RmsNormOp { params, eps });
+impl<A: NormScalar, Op: ShortOp<A>> Island for LongRows<A, Op> {
+    type Args<'a> = (Io<'a, A>, usize, Op);
+    type Output = ();
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn run<V: Vector>((io, d, op): Self::Args<'_>) {
+        long_rows::<A, V, Op>(io, d, op);
+    }
 }
 
 /// Runs `op` on every row: short rows 16 at a time with vectors and the

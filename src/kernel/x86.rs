@@ -1465,12 +1465,9 @@ fn avx2_column_offsets(d: usize) -> (__m256i, __m256i) {
 /// kernel for that set's vector type.
 macro_rules! trampolines {
     ($features:literal, $vector:ty) => {
-        use super::super::backward::{
-            self, Inputs, Partials, RowAhead, RowCentring, RowInputs, RowScaling, Saved,
-        };
-        use super::super::islands::{islands, Islands};
-        use super::super::portable::{self, Store};
-        use super::super::short;
+        use super::super::backward::{self, Inputs, Partials, RowCentring, RowScaling, Saved};
+        use super::super::islands::islands;
+        use super::super::portable;
         use super::super::transpose;
         use super::super::{Affine, Io, Params, RowStats};
         use crate::scalar::NormScalar;
