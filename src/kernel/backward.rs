@@ -67,8 +67,9 @@
 //! element by element, into `f64` partials that start at 0, and the blocks'
 //! partials are added in block order by [`ColumnSum`], which keeps the
 //! rounding error of every addition. No step depends on which thread
-//! computes a block, so the bits do not depend on the thread count. No
-//! fused multiply-add is used.
+//! computes a block, so the bits do not depend on the thread count. The
+//! square sum of pass A is that of the forward pass, fused multiply-adds
+//! included.
 
 use super::portable::{
     centred_square_sum, centring, centring_first_pass, exact_centring, inverse_root,
@@ -642,7 +643,11 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     ) -> RowSums<V> {
         let g = gain * dy;
         let g_sum = if G_SUM { g_sum.add(g) } else { g_sum };
-        let squares = if SQUARES { squares.add(e * e) } else { squares };
+        let squares = if SQUARES {
+            squares.add_square(e)
+        } else {
+            squares
+        };
         ((g_sum, ge_sum.add(g * e)), squares)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]

@@ -5,9 +5,10 @@
 //! functions generic over a 16-lane [`simd::Vector`]. Each entry point here
 //! takes an [`Isa`] (detected once per call by the caller) and runs that one
 //! source with the chosen vector type and target features: AVX-512 or AVX2
-//! registers on x86-64 through the trampolines of `x86`, SSE2 registers as
-//! the x86-64 baseline, and a plain lane array elsewhere (which the compiler
-//! maps to NEON on aarch64 as far as it can). No fused multiply-add is used
+//! registers on x86-64 through the trampolines of `x86` (AVX2 with FMA), and
+//! a plain lane array elsewhere, x86-64 without AVX2 included (which the
+//! compiler maps to NEON on aarch64 as far as it can). Every fused
+//! multiply-add rounds once on every path (`f64::mul_add` on the lane array)
 //! and the summation order is fixed by the source, so every path gives the
 //! same bits; the tests compare them, the plain lane array included.
 

@@ -82,20 +82,20 @@ fn square_sum<T: Arith>(columns: &[T], base: T, shift: T) -> T {
     let (quads, rest) = columns.as_chunks::<4>();
     for quad in quads {
         for (sum, &x) in partial.iter_mut().zip(quad) {
-            *sum = *sum + centred_square(x, base, shift);
+            *sum = add_centred_square(*sum, x, base, shift);
         }
     }
     for (sum, &x) in partial.iter_mut().zip(rest) {
-        *sum = *sum + centred_square(x, base, shift);
+        *sum = add_centred_square(*sum, x, base, shift);
     }
     (partial[0] + partial[1]) + (partial[2] + partial[3])
 }
 
 /// `((x - base) - shift)²`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn centred_square<T: Arith>(x: T, base: T, shift: T) -> T {
+fn add_centred_square<T: Arith>(sum: T, x: T, base: T, shift: T) -> T {
     let dev = (x - base) - shift;
-    dev * dev
+    dev.mul_add(dev, sum)
 }
 
 /// `S / d = base + shift` with the high part of `S` and the extremes
@@ -157,7 +157,7 @@ pub(super) fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A
         Affine::Identity => n,
         Affine::Scale(gamma) => n * T::splat(feature(gamma, 1.0)),
         Affine::ScaleShift(gamma, beta) => {
-            n * T::splat(feature(gamma, 1.0)) + T::splat(feature(beta, 0.0))
+            n.mul_add(T::splat(feature(gamma, 1.0)), T::splat(feature(beta, 0.0)))
         }
         // As the long-row kernel: `w + 1` formed in f64.
         Affine::OnePlus(w) => n * T::splat(feature(w, 0.0) + 1.0),

@@ -1,8 +1,8 @@
 //! The vector type the kernels are written against: [`LANES`] `f64` lanes
 //! with lane-wise IEEE arithmetic.
 //!
-//! Every implementation (the portable array here, and the SSE2, AVX2 and
-//! AVX-512 registers of `x86`) performs exactly the same correctly rounded
+//! Every implementation (the portable array here, and the AVX2 and AVX-512
+//! registers of `x86`) performs exactly the same correctly rounded
 //! operation in every lane, and element `i` of a chunk always lands in lane
 //! `i`. The kernels therefore produce the same bits on every path.
 
@@ -32,6 +32,9 @@ pub trait Arith:
     fn abs(self) -> Self;
     /// Per lane: the correctly rounded square root.
     fn sqrt(self) -> Self;
+    /// Per lane: `self · a + b` rounded once (a fused multiply-add), so the
+    /// same bits on every path.
+    fn mul_add(self, a: Self, b: Self) -> Self;
 }
 
 impl Arith for f64 {
@@ -62,6 +65,10 @@ impl Arith for f64 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn sqrt(self) -> Self {
         f64::sqrt(self)
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f64::mul_add(self, a, b)
     }
 }
 
@@ -432,6 +439,10 @@ impl Arith for Portable {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn sqrt(self) -> Self {
         Portable(self.0.map(f64::sqrt))
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l].mul_add(a.0[l], b.0[l])))
     }
 }
 

@@ -1,13 +1,13 @@
-//! x86-64: the kernel vector as SSE2, AVX2 and AVX-512 registers, and the
+//! x86-64: the kernel vector as AVX2 and AVX-512 registers, and the
 //! target-feature trampolines that compile the portable kernels for each.
 //!
 //! Each vector type holds the 16 lanes of [`Vector`] in as many registers as
-//! it takes (8 SSE2, 4 AVX2, 2 AVX-512), lane `l` in register `l / width`,
+//! it takes (4 AVX2, 2 AVX-512), lane `l` in register `l / width`,
 //! element `l % width`, and maps every lane operation to the one instruction
 //! that performs it: `addpd`, `subpd`, `mulpd`, `minpd`/`maxpd` (whose "second
 //! operand unless the first is smaller/larger" rule is exactly
 //! [`Arith::min_select`] / [`Arith::max_select`] with the operands swapped),
-//! `divpd` and `sqrtpd` (correctly rounded, as IEEE requires), `cvtps2pd`
+//! `divpd`, `sqrtpd` and `vfmadd` (correctly rounded, as IEEE requires), `cvtps2pd`
 //! (exact) and `cvtpd2ps` (round to nearest). So every type gives
 //! the bits of the portable array. (The one exception, [`Vector::Part`]'s
 //! least and greatest lanes, combines lanes in an order of its own, which
@@ -30,7 +30,7 @@ use super::simd::{
 };
 
 pub(super) fn has_avx2() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
 pub(super) fn has_avx512() -> bool {
@@ -67,7 +67,7 @@ macro_rules! vector_type {
         $(#[$doc:meta])*
         $name:ident, $register:ty, $width:literal, $count:literal,
         add: $add:ident, sub: $sub:ident, mul: $mul:ident, div: $div:ident,
-        min: $min:ident, max: $max:ident, andnot: $andnot:ident, sqrt: $sqrt:ident,
+        min: $min:ident, max: $max:ident, andnot: $andnot:ident, sqrt: $sqrt:ident, fma: $fma:ident,
         splat: $splat:ident, load: $load:ident, store: $store:ident,
         load_f32: |$load_src:ident| $load_f32:expr,
         store_f32: |$store_value:ident, $store_dst:ident| $store_f32:expr,
@@ -192,6 +192,15 @@ macro_rules! vector_type {
                 for i in 0..$count {
                     // SAFETY: see the module docs: only reached with the features enabled.
                     out[i] = unsafe { $sqrt(self.0[i]) };
+                }
+                $name(out)
+            }
+            #[cfg_attr(not(debug_assertions), inline(always))]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                let mut out = self.0;
+                for i in 0..$count {
+                    // SAFETY: see the module docs: only reached with the features enabled.
+                    out[i] = unsafe { $fma(self.0[i], a.0[i], b.0[i]) };
                 }
                 $name(out)
             }
@@ -459,7 +468,7 @@ vector_type! {
     /// 16 lanes in 4 AVX registers.
     Avx2, __m256d, 4, 4,
     add: _mm256_add_pd, sub: _mm256_sub_pd, mul: _mm256_mul_pd, div: _mm256_div_pd,
-    min: _mm256_min_pd, max: _mm256_max_pd, andnot: _mm256_andnot_pd, sqrt: _mm256_sqrt_pd,
+    min: _mm256_min_pd, max: _mm256_max_pd, andnot: _mm256_andnot_pd, sqrt: _mm256_sqrt_pd, fma: _mm256_fmadd_pd,
     splat: _mm256_set1_pd, load: _mm256_loadu_pd, store: _mm256_storeu_pd,
     load_f32: |src| _mm256_cvtps_pd(_mm_loadu_ps(src)),
     store_f32: |value, dst| _mm_storeu_ps(dst, _mm256_cvtpd_ps(value)),
@@ -611,7 +620,7 @@ vector_type! {
     /// 16 lanes in 2 AVX-512 registers.
     Avx512, __m512d, 8, 2,
     add: _mm512_add_pd, sub: _mm512_sub_pd, mul: _mm512_mul_pd, div: _mm512_div_pd,
-    min: _mm512_min_pd, max: _mm512_max_pd, andnot: _mm512_andnot_pd, sqrt: _mm512_sqrt_pd,
+    min: _mm512_min_pd, max: _mm512_max_pd, andnot: _mm512_andnot_pd, sqrt: _mm512_sqrt_pd, fma: _mm512_fmadd_pd,
     splat: _mm512_set1_pd, load: _mm512_loadu_pd, store: _mm512_storeu_pd,
     load_f32: |src| _mm512_cvtps_pd(_mm256_loadu_ps(src)),
     store_f32: |value, dst| _mm256_storeu_ps(dst, _mm512_cvtpd_ps(value)),
@@ -1579,7 +1588,7 @@ macro_rules! trampolines {
 }
 
 pub(super) mod avx2 {
-    trampolines!("avx2", super::Avx2);
+    trampolines!("avx2,fma", super::Avx2);
 }
 
 pub(super) mod avx512 {
