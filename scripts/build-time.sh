@@ -5,8 +5,8 @@
 # with the dependency versions of this repository's Cargo.lock: one calls
 # the main forms for f32 and f64 (layer_norm, layer_norm_into,
 # layer_norm_plain on IxDyn, rms_norm, rms_norm_inplace, stats,
-# layer_norm_backward, rms_norm_backward, add_layer_norm), the other does
-# the same ndarray work without this crate. Then it edits the first one's
+# layer_norm_backward, rms_norm_backward, add_layer_norm), the other a naive
+# ndarray LayerNorm without this crate (so that both build ndarray). Then it edits the first one's
 # main.rs and times its rebuild. Prints one line of seconds.
 #
 #   scripts/build-time.sh            # default features
