@@ -641,37 +641,36 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
     // one or two elements, with the least arithmetic per byte, feel most.
     let ahead = cache::rows_ahead::<A>(block) * block;
     let prefetch = op.prefetch();
-    match io {
-        // Short rows are written with plain stores.
-        Io::Copy { input, output } | Io::Stream { input, output } => {
-            let mut inputs = input.chunks_exact(block);
-            let mut outputs = output.chunks_exact_mut(block);
-            let mut scratch = Scratch::new();
-            for (input, output) in (&mut inputs).zip(&mut outputs) {
-                if prefetch {
-                    cache::for_reading(input.as_ptr().wrapping_add(ahead), block);
-                    cache::for_writing(output.as_ptr().wrapping_add(ahead), block);
-                }
-                sixteen_rows::<A, V, Op>(Some(input), output, d, op, &mut scratch);
+    // Short rows are written with plain stores; one loop serves separate
+    // outputs and rows normalised in place (`source` `None`), so that the
+    // block kernel, with its moves between rows and lanes for every row
+    // length, is compiled once per operation.
+    let (source, destination) = match io {
+        Io::Copy { input, output } | Io::Stream { input, output } => (Some(input), output),
+        Io::InPlace(rows) => (None, rows),
+    };
+    let mut sources = source.map(|source| source.chunks_exact(block));
+    let mut destinations = destination.chunks_exact_mut(block);
+    let mut scratch = Scratch::new();
+    for destination in &mut destinations {
+        let source = sources.as_mut().and_then(Iterator::next);
+        if prefetch {
+            let input = source.map_or(destination.as_ptr(), <[A]>::as_ptr);
+            cache::for_reading(input.wrapping_add(ahead), block);
+            if source.is_some() {
+                cache::for_writing(destination.as_ptr().wrapping_add(ahead), block);
             }
-            let rest = inputs.remainder().chunks_exact(d);
-            for (input, output) in rest.zip(outputs.into_remainder().chunks_exact_mut(d)) {
+        }
+        sixteen_rows::<A, V, Op>(source, destination, d, op, &mut scratch);
+    }
+    let rows = destinations.into_remainder().chunks_exact_mut(d);
+    match sources.map(|sources| sources.remainder().chunks_exact(d)) {
+        Some(inputs) => {
+            for (input, output) in inputs.zip(rows) {
                 one_row::<A, V, Op>(Io::Copy { input, output }, op);
             }
         }
-        Io::InPlace(rows) => {
-            let mut blocks = rows.chunks_exact_mut(block);
-            let mut scratch = Scratch::new();
-            for rows in &mut blocks {
-                if prefetch {
-                    cache::for_reading(rows.as_ptr().wrapping_add(ahead), block);
-                }
-                sixteen_rows::<A, V, Op>(None, rows, d, op, &mut scratch);
-            }
-            for row in blocks.into_remainder().chunks_exact_mut(d) {
-                one_row::<A, V, Op>(Io::InPlace(row), op);
-            }
-        }
+        None => rows.for_each(|row| one_row::<A, V, Op>(Io::InPlace(row), op)),
     }
 }
 
