@@ -1072,6 +1072,17 @@ trait BackwardRow: Copy {
         ahead: RowAhead,
         partials: &mut Partials,
     );
+    /// The power of two the row was rescaled by (1 for most rows).
+    fn scale(self) -> f64;
+    /// Backward of a row from these statistics, its data multiplied by
+    /// [`BackwardRow::scale`] if `SCALED` (which must be [`is_scaled`] of it).
+    fn backward_from_saved<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+        self,
+        row: RowInputs<'_, A>,
+        dx: &mut [A],
+        ahead: RowAhead,
+        partials: &mut Partials,
+    );
 }
 
 impl BackwardRow for RowCentring {
@@ -1090,9 +1101,25 @@ impl BackwardRow for RowCentring {
             }
             Saved::Rows(rows) => {
                 let stats = rows.get(index).copied().unwrap_or(RowCentring::NOT_FINITE);
-                layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
+                backward_saved::<A, V, S, _>(row, dx, stats, ahead, partials);
             }
         }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn scale(self) -> f64 {
+        self.scale
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn backward_from_saved<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+        self,
+        row: RowInputs<'_, A>,
+        dx: &mut [A],
+        ahead: RowAhead,
+        partials: &mut Partials,
+    ) {
+        let deviate = FromBase::<V, SCALED>::new(self.scale, self.mean.base);
+        let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate, ahead);
+        layer_norm_pass_b::<A, V, S, SCALED>(row, dx, self, sums, ahead, partials);
     }
 }
 
@@ -1110,9 +1137,25 @@ impl BackwardRow for RowScaling {
             Saved::Compute(eps) => rms_norm_backward_row::<A, V, S>(row, dx, eps, ahead, partials),
             Saved::Rows(rows) => {
                 let stats = rows.get(index).copied().unwrap_or(RowScaling::NOT_FINITE);
-                rms_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
+                backward_saved::<A, V, S, _>(row, dx, stats, ahead, partials);
             }
         }
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn scale(self) -> f64 {
+        self.scale
+    }
+    #[cfg_attr(not(debug_assertions), inline(always))]
+    fn backward_from_saved<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+        self,
+        row: RowInputs<'_, A>,
+        dx: &mut [A],
+        ahead: RowAhead,
+        partials: &mut Partials,
+    ) {
+        let deviate = Scaled::<V, SCALED>::new(self.scale);
+        let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate, ahead);
+        rms_norm_pass_b::<A, V, S, SCALED>(row, dx, self, gx_sum, ahead, partials);
     }
 }
 
@@ -1184,7 +1227,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     let (mean, magnitude) = match centring_first_pass::<A, V>(x, eps) {
         FirstPass::Finished(centring) => {
             let stats = RowCentring::from_centring(x, centring, eps);
-            return layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
+            return backward_saved::<A, V, S, _>(row, dx, stats, ahead, partials);
         }
         FirstPass::Deviations { mean, magnitude } => (mean, magnitude),
     };
@@ -1198,7 +1241,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
         Variance::Rescale => {
             let stats =
                 RowCentring::from_centring(x, rescaled_centring::<A, V>(x, eps, magnitude), eps);
-            return layer_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
+            return backward_saved::<A, V, S, _>(row, dx, stats, ahead, partials);
         }
     };
     let stats = RowCentring::from_centring(x, mean.centring(1.0, inverse_root(var, eps, 1.0)), eps);
@@ -1206,66 +1249,49 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
     layer_norm_pass_b::<A, V, S, false>(row, dx, stats, (g_sum, ge_sum), ahead, partials);
 }
 
-/// LayerNorm backward of one row from its saved statistics, in its
-/// [island](LayerNormFromSaved).
+/// Backward of one row from its saved statistics `stats`, in its
+/// [island](FromSaved).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
+fn backward_saved<A: NormScalar, V: Vector, S: Store, T: BackwardRow>(
     row: RowInputs<'_, A>,
     dx: &mut [A],
-    stats: RowCentring,
+    stats: T,
     ahead: RowAhead,
     partials: &mut Partials,
 ) {
-    V::island::<LayerNormFromSaved<A, S>>((row, dx, stats, ahead, partials));
+    V::island::<FromSaved<A, S, T>>((row, dx, stats, ahead, partials));
 }
 
-/// The arguments of the backward of a row from saved statistics `T`.
-type FromSavedArgs<'a, A, T> = (RowInputs<'a, A>, &'a mut [A], T, RowAhead, &'a mut Partials);
+/// [`BackwardRow::backward_from_saved`] as an [`Island`]: called from three sites
+/// per kernel, compiled once per vector type, store kind and norm. A
+/// rescaled row (rare: its squares overflow or underflow) takes the
+/// portable path, which has the same bits, so that no vector body is
+/// compiled for it.
+struct FromSaved<A, S, T>(PhantomData<(A, S, T)>);
 
-/// [`layer_norm_backward_saved_pass`] as an [`Island`]: called from three
-/// sites per kernel, compiled once per vector type and store kind.
-struct LayerNormFromSaved<A, S>(PhantomData<(A, S)>);
-
-impl<A: NormScalar, S: Store> Island for LayerNormFromSaved<A, S> {
-    type Args<'a> = FromSavedArgs<'a, A, RowCentring>;
+impl<A: NormScalar, S: Store, T: BackwardRow> Island for FromSaved<A, S, T> {
+    type Args<'a> = (RowInputs<'a, A>, &'a mut [A], T, RowAhead, &'a mut Partials);
     type Output = ();
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn run<V: Vector>((row, dx, stats, ahead, partials): Self::Args<'_>) {
-        layer_norm_backward_saved_pass::<A, V, S>(row, dx, stats, ahead, partials);
+        if is_scaled(stats.scale()) {
+            rescaled_from_saved::<A, S, T>(row, dx, stats, ahead, partials);
+        } else {
+            stats.backward_from_saved::<A, V, S, false>(row, dx, ahead, partials);
+        }
     }
 }
 
-/// The body of [`layer_norm_backward_saved`]. A rescaled row (rare: its
-/// squares overflow or underflow) takes the portable path, which has the
-/// same bits, so that no vector body is compiled for it.
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
-    row: RowInputs<'_, A>,
-    dx: &mut [A],
-    stats: RowCentring,
-    ahead: RowAhead,
-    partials: &mut Partials,
-) {
-    if is_scaled(stats.scale) {
-        return layer_norm_backward_rescaled::<A, S>(row, dx, stats, ahead, partials);
-    }
-    let deviate = FromBase::<V, false>::new(1.0, stats.mean.base);
-    let (sums, _) = pass_a::<A, V, _, true, false>(row, deviate, ahead);
-    layer_norm_pass_b::<A, V, S, false>(row, dx, stats, sums, ahead, partials);
-}
-
-/// [`layer_norm_backward_saved_pass`] of a rescaled row, on the portable path.
+/// [`BackwardRow::backward_from_saved`] of a rescaled row, on the portable path.
 #[inline(never)]
-fn layer_norm_backward_rescaled<A: NormScalar, S: Store>(
+fn rescaled_from_saved<A: NormScalar, S: Store, T: BackwardRow>(
     row: RowInputs<'_, A>,
     dx: &mut [A],
-    stats: RowCentring,
+    stats: T,
     ahead: RowAhead,
     partials: &mut Partials,
 ) {
-    let deviate = FromBase::<Portable, true>::new(stats.scale, stats.mean.base);
-    let (sums, _) = pass_a::<A, Portable, _, true, false>(row, deviate, ahead);
-    layer_norm_pass_b::<A, Portable, S, true>(row, dx, stats, sums, ahead, partials);
+    stats.backward_from_saved::<A, Portable, S, true>(row, dx, ahead, partials);
 }
 
 #[cfg_attr(not(debug_assertions), inline(always))]
@@ -1370,67 +1396,9 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
         }
         None => {
             let stats = RowScaling::from_scaling(rescaled_rms_scaling::<A, V>(x, eps));
-            rms_norm_backward_saved::<A, V, S>(row, dx, stats, ahead, partials);
+            backward_saved::<A, V, S, _>(row, dx, stats, ahead, partials);
         }
     }
-}
-
-/// RMSNorm backward of one row from its saved statistics, in its
-/// [island](RmsNormFromSaved).
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_backward_saved<A: NormScalar, V: Vector, S: Store>(
-    row: RowInputs<'_, A>,
-    dx: &mut [A],
-    stats: RowScaling,
-    ahead: RowAhead,
-    partials: &mut Partials,
-) {
-    V::island::<RmsNormFromSaved<A, S>>((row, dx, stats, ahead, partials));
-}
-
-/// [`rms_norm_backward_saved_pass`] as an [`Island`], as
-/// [`LayerNormFromSaved`].
-struct RmsNormFromSaved<A, S>(PhantomData<(A, S)>);
-
-impl<A: NormScalar, S: Store> Island for RmsNormFromSaved<A, S> {
-    type Args<'a> = FromSavedArgs<'a, A, RowScaling>;
-    type Output = ();
-    #[cfg_attr(not(debug_assertions), inline(always))]
-    fn run<V: Vector>((row, dx, stats, ahead, partials): Self::Args<'_>) {
-        rms_norm_backward_saved_pass::<A, V, S>(row, dx, stats, ahead, partials);
-    }
-}
-
-/// The body of [`rms_norm_backward_saved`]; rescaled rows as in
-/// [`layer_norm_backward_saved_pass`].
-#[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_backward_saved_pass<A: NormScalar, V: Vector, S: Store>(
-    row: RowInputs<'_, A>,
-    dx: &mut [A],
-    stats: RowScaling,
-    ahead: RowAhead,
-    partials: &mut Partials,
-) {
-    if is_scaled(stats.scale) {
-        return rms_norm_backward_rescaled::<A, S>(row, dx, stats, ahead, partials);
-    }
-    let deviate = Scaled::<V, false>::new(1.0);
-    let ((_, gx_sum), _) = pass_a::<A, V, _, false, false>(row, deviate, ahead);
-    rms_norm_pass_b::<A, V, S, false>(row, dx, stats, gx_sum, ahead, partials);
-}
-
-/// [`rms_norm_backward_saved_pass`] of a rescaled row, on the portable path.
-#[inline(never)]
-fn rms_norm_backward_rescaled<A: NormScalar, S: Store>(
-    row: RowInputs<'_, A>,
-    dx: &mut [A],
-    stats: RowScaling,
-    ahead: RowAhead,
-    partials: &mut Partials,
-) {
-    let deviate = Scaled::<Portable, true>::new(stats.scale);
-    let ((_, gx_sum), _) = pass_a::<A, Portable, _, false, false>(row, deviate, ahead);
-    rms_norm_pass_b::<A, Portable, S, true>(row, dx, stats, gx_sum, ahead, partials);
 }
 
 #[cfg_attr(not(debug_assertions), inline(always))]
