@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, RemoveAxis};
+use ndarray::{Array, Array1, ArrayRef, ArrayRef1, Axis, Dimension, Ix1, RemoveAxis};
 
 use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
@@ -34,14 +34,18 @@ use rayon::prelude::*;
 /// # let _ = dgamma;
 /// # Ok::<(), NormError>(())
 /// ```
+///
+/// `P` is the shape of `gamma`: one axis for the last-axis forms, the shape
+/// of the axes normalised over for the `_over` forms
+/// ([`LayerNormOverExt`](crate::LayerNormOverExt)).
 #[derive(Clone, Debug, PartialEq)]
-pub struct LayerNormGrads<A, D: Dimension> {
+pub struct LayerNormGrads<A, D: Dimension, P: Dimension = Ix1> {
     /// The gradient with respect to the input, of the input's shape.
     pub dx: Array<A, D>,
     /// The gradient with respect to `gamma`: `Σ dy ⊙ x̂` over every row.
-    pub dgamma: Array1<A>,
+    pub dgamma: Array<A, P>,
     /// The gradient with respect to `beta`: `Σ dy` over every row.
-    pub dbeta: Array1<A>,
+    pub dbeta: Array<A, P>,
 }
 
 /// The gradients of an RMSNorm with respect to its input and gain.
@@ -60,12 +64,14 @@ pub struct LayerNormGrads<A, D: Dimension> {
 /// # let _ = dx;
 /// # Ok::<(), NormError>(())
 /// ```
+///
+/// `P` is the shape of `gamma`, as for [`LayerNormGrads`].
 #[derive(Clone, Debug, PartialEq)]
-pub struct RmsNormGrads<A, D: Dimension> {
+pub struct RmsNormGrads<A, D: Dimension, P: Dimension = Ix1> {
     /// The gradient with respect to the input, of the input's shape.
     pub dx: Array<A, D>,
     /// The gradient with respect to `gamma`: `Σ dy ⊙ x̂` over every row.
-    pub dgamma: Array1<A>,
+    pub dgamma: Array<A, P>,
 }
 
 /// What a LayerNorm backward pass needs of each row, saved by the forward
@@ -690,7 +696,8 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
         let beta = check::feature_vector(Operand::Beta, beta, d)?;
         let eps = check::eps(eps)?;
-        layer_norm_train(self, d, Affine::ScaleShift(&gamma, &beta), eps)
+        let leading = leading_of(self);
+        layer_norm_train(self, d, leading, Affine::ScaleShift(&gamma, &beta), eps)
     }
 
     fn layer_norm_backward_with_stats(
@@ -783,7 +790,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         let d = check::row_length(self)?;
         let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
         let eps = check::eps(eps)?;
-        rms_norm_train(self, d, Gain::Gamma(&gamma), eps)
+        rms_norm_train(self, d, leading_of(self), Gain::Gamma(&gamma), eps)
     }
 
     fn rms_norm_backward_with_stats(
@@ -866,6 +873,12 @@ pub(crate) fn backward_args<'a, A: NormScalar, D: Dimension>(
     Ok((d, gamma))
 }
 
+/// The shape of the rows' index of the last-axis forms: `x`'s without its
+/// last axis.
+pub(crate) fn leading_of<A, D: RemoveAxis>(x: &ArrayRef<A, D>) -> D::Smaller {
+    x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)))
+}
+
 /// Checks that `stats` belong to an input of `x`'s shape.
 pub(crate) fn check_layer_norm_stats<A, D: RemoveAxis>(
     x: &ArrayRef<A, D>,
@@ -882,16 +895,22 @@ pub(crate) fn check_rms_norm_stats<A, D: RemoveAxis>(
     check::shape_of(Operand::Stats, x, &stats.input_shape)
 }
 
-/// LayerNorm of `x` (validated, rows of length `d`) with its statistics.
-pub(crate) fn layer_norm_train<A: NormScalar, D: RemoveAxis>(
+/// LayerNorm of `x` (validated, rows of length `d`) with its statistics,
+/// in an array of the `leading` shape (the rows' index).
+pub(crate) fn layer_norm_train<A: NormScalar, D: Dimension, S: Dimension>(
     x: &ArrayRef<A, D>,
     d: usize,
+    leading: S,
     affine: Affine<'_, A>,
     eps: f64,
-) -> Trained<A, D, LayerNormStats<D::Smaller>> {
-    let (y, rows) = train_rows(x, d, RowCentring::NOT_FINITE, |isa, x, y, stats| {
-        kernel::layer_norm_train_block(isa, x, y, d, affine, eps, stats)
-    })?;
+) -> Trained<A, D, LayerNormStats<S>> {
+    let (y, rows) = train_rows(
+        x,
+        d,
+        leading,
+        RowCentring::NOT_FINITE,
+        |isa, x, y, stats| kernel::layer_norm_train_block(isa, x, y, d, affine, eps, stats),
+    )?;
     let stats = LayerNormStats {
         input_shape: x.shape().to_vec(),
         rows,
@@ -899,14 +918,16 @@ pub(crate) fn layer_norm_train<A: NormScalar, D: RemoveAxis>(
     Ok((y, stats))
 }
 
-/// RMSNorm of `x` (validated, rows of length `d`) with its statistics.
-pub(crate) fn rms_norm_train<A: NormScalar, D: RemoveAxis>(
+/// RMSNorm of `x` (validated, rows of length `d`) with its statistics, in
+/// an array of the `leading` shape (the rows' index).
+pub(crate) fn rms_norm_train<A: NormScalar, D: Dimension, S: Dimension>(
     x: &ArrayRef<A, D>,
     d: usize,
+    leading: S,
     gain: Gain<'_, A>,
     eps: f64,
-) -> Trained<A, D, RmsNormStats<D::Smaller>> {
-    let (y, rows) = train_rows(x, d, RowScaling::NOT_FINITE, |isa, x, y, stats| {
+) -> Trained<A, D, RmsNormStats<S>> {
+    let (y, rows) = train_rows(x, d, leading, RowScaling::NOT_FINITE, |isa, x, y, stats| {
         kernel::rms_norm_train_block(isa, x, y, d, gain.affine(), eps, stats)
     })?;
     let stats = RmsNormStats {
@@ -1012,16 +1033,16 @@ pub(crate) fn in_row_order<T: Copy, S: Dimension>(rows: &Array<T, S>) -> Cow<'_,
 }
 
 /// Runs `block(isa, x, y, stats)` on [`BLOCK_ROWS`] rows at a time,
-/// collecting the rows' statistics in an array of the leading shape (first
-/// filled with `placeholder`).
-fn train_rows<A: NormScalar, D: RemoveAxis, T: Copy + Send>(
+/// collecting the rows' statistics in an array of the `leading` shape
+/// (first filled with `placeholder`).
+fn train_rows<A: NormScalar, D: Dimension, S: Dimension, T: Copy + Send>(
     x: &ArrayRef<A, D>,
     d: usize,
+    leading: S,
     placeholder: T,
     block: impl Fn(Isa, &[A], &mut [A], &mut [T]) + Sync,
-) -> Trained<A, D, Array<T, D::Smaller>> {
+) -> Trained<A, D, Array<T, S>> {
     let isa = Isa::detect();
-    let leading = x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)));
     let mut stats = fresh::filled(leading, placeholder)?;
     let y = fresh::array(x.raw_dim(), |y| {
         // Each block writes only its own rows and statistics: any thread may

@@ -8,8 +8,12 @@
 //! always visited in logical order: unlike `Zip`, which may follow the
 //! memory order, that order is what the per-feature sums over rows depend
 //! on.
+//!
+//! A row is the vector along the last axis, or, for the `_over` forms, the
+//! axes from some `Axis(a)` on taken together in row-major order: the walks
+//! find them from the row length `d`, the product of the last axes' lengths.
 
-use ndarray::{ArrayRef, ArrayView1, ArrayViewMut1, Dimension};
+use ndarray::{ArrayRef, ArrayView1, ArrayViewD, ArrayViewMut1, ArrayViewMutD, Axis, Dimension};
 
 /// Reads an array `rows` rows at a time.
 pub(crate) struct RowBlocks<'a, A> {
@@ -21,14 +25,17 @@ pub(crate) struct RowBlocks<'a, A> {
 enum Source<'a, A> {
     Slice(&'a [A]),
     Rows(Box<dyn Iterator<Item = ArrayView1<'a, A>> + 'a>),
+    Subarrays(Box<dyn Iterator<Item = ArrayViewD<'a, A>> + 'a>),
 }
 
 impl<'a, A: Copy + 'a> RowBlocks<'a, A> {
     /// Walks `x`, whose rows have length `d`.
     pub(crate) fn new<D: Dimension>(x: &'a ArrayRef<A, D>, d: usize) -> Self {
+        let first = first_row_axis(x.shape(), d);
         let source = match x.as_slice() {
             Some(all) => Source::Slice(all),
-            None => Source::Rows(Box::new(x.rows().into_iter())),
+            None if first + 1 >= x.ndim() => Source::Rows(Box::new(x.rows().into_iter())),
+            None => Source::Subarrays(subarrays(x.view().into_dyn(), first)),
         };
         RowBlocks {
             d,
@@ -56,6 +63,81 @@ impl<'a, A: Copy + 'a> RowBlocks<'a, A> {
                 }
                 &self.scratch
             }
+            Source::Subarrays(iter) => {
+                self.scratch.clear();
+                for row in iter.take(rows) {
+                    gather(&mut self.scratch, &row);
+                }
+                &self.scratch
+            }
+        }
+    }
+}
+
+/// The first axis of the rows of `d` elements of an array of `shape`: the
+/// last axes whose lengths multiply to `d`.
+pub(crate) fn first_row_axis(shape: &[usize], d: usize) -> usize {
+    let mut elements = 1;
+    for (axis, &len) in shape.iter().enumerate().rev() {
+        elements *= len;
+        if elements == d {
+            return axis;
+        }
+    }
+    0
+}
+
+/// The subarrays of `x` over its axes from `first` on, in logical order.
+fn subarrays<'a, A>(
+    x: ArrayViewD<'a, A>,
+    first: usize,
+) -> Box<dyn Iterator<Item = ArrayViewD<'a, A>> + 'a> {
+    match first {
+        0 => Box::new(std::iter::once(x)),
+        _ => Box::new(
+            x.into_outer_iter()
+                .flat_map(move |inner| subarrays(inner, first - 1)),
+        ),
+    }
+}
+
+/// [`subarrays`] of a mutable view.
+fn subarrays_mut<'a, A>(
+    x: ArrayViewMutD<'a, A>,
+    first: usize,
+) -> Box<dyn Iterator<Item = ArrayViewMutD<'a, A>> + 'a> {
+    match first {
+        0 => Box::new(std::iter::once(x)),
+        _ => Box::new(
+            x.into_outer_iter_mut()
+                .flat_map(move |inner| subarrays_mut(inner, first - 1)),
+        ),
+    }
+}
+
+/// Appends the elements of `row` in logical order, a lane of its last axis
+/// at a time.
+fn gather<A: Copy>(buf: &mut Vec<A>, row: &ArrayViewD<'_, A>) {
+    if let Some(all) = row.as_slice() {
+        buf.extend_from_slice(all);
+        return;
+    }
+    for lane in row.lanes(Axis(row.ndim() - 1)) {
+        match lane.as_slice() {
+            Some(lane) => buf.extend_from_slice(lane),
+            None => buf.extend(lane.iter().copied()),
+        }
+    }
+}
+
+/// Writes `values` over the elements of `row` in logical order.
+fn scatter_into<A: Copy>(row: &mut ArrayViewMutD<'_, A>, values: &[A]) {
+    let last = Axis(row.ndim() - 1);
+    let lane_len = row.len_of(last).max(1);
+    for (mut lane, values) in row.lanes_mut(last).into_iter().zip(values.chunks(lane_len)) {
+        match lane.as_slice_mut() {
+            Some(lane) => lane.copy_from_slice(values),
+            None => lane.iter_mut().zip(values).for_each(|(out, &v)| *out = v),
         }
     }
 }
@@ -78,6 +160,10 @@ enum Target<'a, A> {
         rows: Box<dyn Iterator<Item = ArrayViewMut1<'a, A>> + 'a>,
         pending: Vec<ArrayViewMut1<'a, A>>,
     },
+    Subarrays {
+        rows: Box<dyn Iterator<Item = ArrayViewMutD<'a, A>> + 'a>,
+        pending: Vec<ArrayViewMutD<'a, A>>,
+    },
 }
 
 impl<'a, A: Copy + 'a> RowBlocksMut<'a, A> {
@@ -85,11 +171,17 @@ impl<'a, A: Copy + 'a> RowBlocksMut<'a, A> {
     pub(crate) fn new<D: Dimension>(x: &'a mut ArrayRef<A, D>, d: usize) -> Self {
         // Tested before borrowing mutably: a borrow returned from one arm of
         // a `match` on `as_slice_mut` would still hold `x` in the other.
+        let first = first_row_axis(x.shape(), d);
         let target = if x.as_slice().is_some() {
             Target::Slice(x.as_slice_mut().unwrap_or_default())
-        } else {
+        } else if first + 1 >= x.ndim() {
             Target::Rows {
                 rows: Box::new(x.rows_mut().into_iter()),
+                pending: Vec::new(),
+            }
+        } else {
+            Target::Subarrays {
+                rows: subarrays_mut(x.view_mut().into_dyn(), first),
                 pending: Vec::new(),
             }
         };
@@ -123,6 +215,18 @@ impl<'a, A: Copy + 'a> RowBlocksMut<'a, A> {
                 }
                 &mut self.scratch
             }
+            Target::Subarrays {
+                rows: iter,
+                pending,
+            } => {
+                scatter_subarrays(pending, &self.scratch, self.d);
+                self.scratch.clear();
+                for row in iter.take(rows) {
+                    gather(&mut self.scratch, &row.view());
+                    pending.push(row);
+                }
+                &mut self.scratch
+            }
         }
     }
 }
@@ -130,9 +234,20 @@ impl<'a, A: Copy + 'a> RowBlocksMut<'a, A> {
 /// Ending the walk writes the last block back.
 impl<A: Copy> Drop for RowBlocksMut<'_, A> {
     fn drop(&mut self) {
-        if let Target::Rows { pending, .. } = &mut self.target {
-            scatter(pending, &self.scratch, self.d);
+        match &mut self.target {
+            Target::Slice(_) => {}
+            Target::Rows { pending, .. } => scatter(pending, &self.scratch, self.d),
+            Target::Subarrays { pending, .. } => {
+                scatter_subarrays(pending, &self.scratch, self.d);
+            }
         }
+    }
+}
+
+/// Writes the gathered subarrays back to where they came from.
+fn scatter_subarrays<A: Copy>(pending: &mut Vec<ArrayViewMutD<'_, A>>, scratch: &[A], d: usize) {
+    for (mut row, values) in pending.drain(..).zip(scratch.chunks(d.max(1))) {
+        scatter_into(&mut row, values);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use ndarray::{ArrayRef, ArrayRef1, Dimension};
+use ndarray::{ArrayRef, ArrayRef1, Axis, Dimension};
 
 use crate::error::{NormError, Operand};
 use crate::scalar::NormScalar;
@@ -26,12 +26,48 @@ pub(crate) fn row_length<A, D: Dimension>(x: &ArrayRef<A, D>) -> Result<usize, N
         Some(&d) => d,
     };
     let contiguous_rows = d == 1 || x.strides().last() == Some(&1);
+    gathering_fits(x, d, contiguous_rows)?;
+    Ok(d)
+}
+
+/// The length `d` of the rows of an `_over` call: the product of the
+/// lengths of the axes from `axis` to the last, which must hold an element.
+/// Reserves the working memory of gathered rows as [`row_length`] does.
+pub(crate) fn rows_over<A, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    axis: Axis,
+) -> Result<usize, NormError> {
+    let ndim = x.ndim();
+    let Some(trailing) = x.shape().get(axis.index()..).filter(|t| !t.is_empty()) else {
+        return Err(NormError::AxisOutOfBounds {
+            axis: axis.index(),
+            ndim,
+        });
+    };
+    // No overflow: the product of all the lengths is `x.len()`.
+    let d: usize = trailing.iter().product();
+    if d == 0 {
+        return Err(NormError::EmptyAxes {
+            shape: trailing.to_vec(),
+        });
+    }
+    gathering_fits(x, d, x.is_standard_layout())?;
+    Ok(d)
+}
+
+/// Reserves once the working memory that gathering rows of `d` elements
+/// of `x` takes, when it is large (see [`row_length`]).
+fn gathering_fits<A, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    d: usize,
+    contiguous_rows: bool,
+) -> Result<(), NormError> {
     let rows = x.len() / d;
     let gathered = rows.min(rows::gathered_rows::<A>(d)).saturating_mul(d);
     if !contiguous_rows && gathered.saturating_mul(size_of::<A>()) > RESERVE_CHECK_BYTES {
         fresh::reserved::<A>(gathered)?;
     }
-    Ok(d)
+    Ok(())
 }
 
 /// Working memory above this many bytes is reserved once by
@@ -67,6 +103,33 @@ pub(crate) fn feature_vector<'a, A: NormScalar>(
         None => {
             // Gathered once; a broadcast view of a vast length cannot be.
             let mut copy = fresh::reserved(d)?;
+            copy.extend(v.iter().copied());
+            Cow::Owned(copy)
+        }
+    })
+}
+
+/// A per-feature operand of an `_over` call, which must have the shape of
+/// the axes from `axis` on, as a contiguous slice in logical (row-major)
+/// order (borrowed when it is in standard layout, gathered once otherwise).
+pub(crate) fn trailing_vector<'a, A: NormScalar, D: Dimension, E: Dimension>(
+    operand: Operand,
+    x: &ArrayRef<A, D>,
+    axis: Axis,
+    v: &'a ArrayRef<A, E>,
+) -> Result<Cow<'a, [A]>, NormError> {
+    let trailing = &x.shape()[axis.index()..];
+    if v.shape() != trailing {
+        return Err(NormError::TrailingShapeMismatch {
+            operand,
+            expected: trailing.to_vec(),
+            found: v.shape().to_vec(),
+        });
+    }
+    Ok(match v.as_slice() {
+        Some(slice) => Cow::Borrowed(slice),
+        None => {
+            let mut copy = fresh::reserved(v.len())?;
             copy.extend(v.iter().copied());
             Cow::Owned(copy)
         }

@@ -80,6 +80,30 @@ pub enum NormError {
     },
     /// The last axis has length 0, so a row has no mean or scale.
     EmptyAxis,
+    /// An `_over` call: the axes normalised over (from `Axis(a)` to the
+    /// last) hold no element, so a row has no mean or scale.
+    EmptyAxes {
+        /// The shape of the axes normalised over.
+        shape: Vec<usize>,
+    },
+    /// An `_over` call: the first axis to normalise over is not an axis of
+    /// the input (or a layer normalises over more axes than the input has).
+    AxisOutOfBounds {
+        /// The first axis to normalise over.
+        axis: usize,
+        /// The number of axes of the input.
+        ndim: usize,
+    },
+    /// An `_over` call, or a layer over several axes: `gamma` or `beta`
+    /// does not have the shape of the axes normalised over.
+    TrailingShapeMismatch {
+        /// Which operand has the wrong shape.
+        operand: Operand,
+        /// The shape of the axes normalised over.
+        expected: Vec<usize>,
+        /// The operand's shape.
+        found: Vec<usize>,
+    },
     /// The input has no axis at all (a 0-dimensional `IxDyn` array).
     ZeroDimensional,
     /// `eps` is negative, NaN or infinite. Stored widened to `f64`
@@ -102,11 +126,14 @@ pub enum NormError {
 }
 
 impl NormError {
-    /// True for [`NormError::LengthMismatch`] and [`NormError::ShapeMismatch`].
+    /// True for [`NormError::LengthMismatch`], [`NormError::ShapeMismatch`]
+    /// and [`NormError::TrailingShapeMismatch`].
     pub fn is_shape_error(&self) -> bool {
         matches!(
             self,
-            NormError::LengthMismatch { .. } | NormError::ShapeMismatch { .. }
+            NormError::LengthMismatch { .. }
+                | NormError::ShapeMismatch { .. }
+                | NormError::TrailingShapeMismatch { .. }
         )
     }
 }
@@ -139,6 +166,21 @@ impl fmt::Display for NormError {
                 "{operand} has shape {found:?}, expected {expected:?} (the shape of the input)"
             ),
             NormError::EmptyAxis => f.write_str("the last axis has length 0"),
+            NormError::EmptyAxes { shape } => {
+                write!(f, "the axes to normalise over, of shape {shape:?}, hold no element")
+            }
+            NormError::AxisOutOfBounds { axis, ndim } => write!(
+                f,
+                "cannot normalise from axis {axis}: the input has {ndim} axes"
+            ),
+            NormError::TrailingShapeMismatch {
+                operand,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{operand} has shape {found:?}, expected {expected:?} (the shape of the axes normalised over)"
+            ),
             NormError::ZeroDimensional => {
                 f.write_str("the input has no axis to normalise (0-dimensional array)")
             }

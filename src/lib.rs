@@ -114,6 +114,7 @@ mod fused;
 mod kernel;
 mod layer_norm;
 mod module;
+mod over;
 mod rms_norm;
 mod rows;
 mod scalar;
@@ -131,6 +132,7 @@ pub use crate::backward::{
 };
 pub use crate::fused::AddNormExt;
 pub use crate::module::{LayerNorm, RmsNorm};
+pub use crate::over::{LayerNormOverExt, RmsNormOverExt};
 
 /// Everything needed to call the normalisations: the extension traits, the
 /// element trait and the error type.
@@ -155,6 +157,7 @@ pub mod prelude {
     };
     pub use crate::fused::AddNormExt;
     pub use crate::module::{LayerNorm, RmsNorm};
+    pub use crate::over::{LayerNormOverExt, RmsNormOverExt};
 }
 
 mod sealed {

@@ -293,7 +293,7 @@ impl<A: NormScalar> LayerNorm<A> {
         x: &ArrayRef<A, D>,
     ) -> Result<(Array<A, D>, LayerNormStats<D::Smaller>), NormError> {
         let args = self.args(x)?;
-        backward::layer_norm_train(x, args.d, args.affine(), args.eps)
+        backward::layer_norm_train(x, args.d, backward::leading_of(x), args.affine(), args.eps)
     }
 
     /// The gradients for input `x`, output gradient `dy` and the statistics
@@ -646,7 +646,7 @@ impl<A: NormScalar> RmsNorm<A> {
         x: &ArrayRef<A, D>,
     ) -> Result<(Array<A, D>, RmsNormStats<D::Smaller>), NormError> {
         let (d, weights, eps) = self.args(x)?;
-        backward::rms_norm_train(x, d, self.gain(&weights), eps)
+        backward::rms_norm_train(x, d, backward::leading_of(x), self.gain(&weights), eps)
     }
 
     /// The gradients for input `x`, output gradient `dy` and the statistics

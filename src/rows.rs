@@ -10,16 +10,22 @@
 //! into rows. Everything else goes through [`strided`], which gathers blocks
 //! of rows into a small reused buffer by walking memory in order.
 //!
+//! A row of the `_over` forms spans the axes from some `Axis(a)` on. Where
+//! those axes merge into one stride it is walked as a row along one axis;
+//! otherwise each block of rows is gathered in logical order ([`gathered`]).
+//!
 //! With the `rayon` feature, a call over at least `PARALLEL_MIN_ELEMS`
 //! elements splits its rows (never a row) into tasks on the current rayon
 //! pool. Each row is still computed by one kernel call, so the output bits do
 //! not depend on the number of threads.
 
+mod gathered;
 mod strided;
 
+pub use gathered::GatheredWalks;
 pub use strided::StridedWalks;
 
-use ndarray::{Array, ArrayRef, Axis, Dimension, RemoveAxis};
+use ndarray::{Array, ArrayBase, ArrayRef, Axis, Dimension, IxDyn, RawData};
 
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
@@ -143,12 +149,65 @@ fn map_rows_with<A: NormScalar, D: Dimension>(
         rows(input, output);
         return;
     }
-    A::map_strided(
-        x.view().into_dyn(),
-        out.view_mut().into_dyn(),
-        streamed,
-        &on_rows,
-    );
+    let first = first_row_axis(x.shape(), d);
+    let (x, out) = (x.view().into_dyn(), out.view_mut().into_dyn());
+    if merges(&x, first) && merges(&out, first) {
+        A::map_strided(
+            merged_rows(x, first),
+            merged_rows(out, first),
+            streamed,
+            &on_rows,
+        );
+    } else {
+        A::map_gathered(x, out, d, &on_rows);
+    }
+}
+
+pub(crate) use crate::blocks::first_row_axis;
+
+/// A standard-layout view of one result per row, in the shape `index`
+/// (of as many elements).
+fn reshaped<'a, A, S: Dimension>(
+    results: ndarray::ArrayViewMut<'a, A, S>,
+    index: IxDyn,
+) -> ndarray::ArrayViewMut<'a, A, IxDyn> {
+    let len = results.len();
+    results
+        .into_shape_with_order(index)
+        .unwrap_or_else(|_| unreachable!("{len} results, one per row"))
+}
+
+/// Whether the axes of `x` from `first` on merge into one axis whose
+/// elements are in logical (row-major) order (as `merge_axes` decides).
+fn merges<S: RawData>(x: &ArrayBase<S, IxDyn>, first: usize) -> bool {
+    let (shape, strides) = (x.shape(), x.strides());
+    let last = shape.len() - 1;
+    let (mut len, mut stride) = (shape[last], strides[last]);
+    for axis in (first..last).rev() {
+        let (take_len, take_stride) = (shape[axis], strides[axis]);
+        if take_len > 1 && len > 1 && take_stride != len as isize * stride {
+            return false;
+        }
+        if len <= 1 {
+            stride = take_stride;
+        }
+        len *= take_len;
+    }
+    true
+}
+
+/// `x` with its axes from `first` on merged into one, its last (which
+/// [`merges`] must allow).
+fn merged_rows<S: RawData>(mut x: ArrayBase<S, IxDyn>, first: usize) -> ArrayBase<S, IxDyn> {
+    let last = x.ndim() - 1;
+    for axis in (first..last).rev() {
+        let merged = x.merge_axes(Axis(axis), Axis(last));
+        debug_assert!(merged);
+    }
+    for _ in first..last {
+        x = x.index_axis_move(Axis(first), 0);
+    }
+    x
 }
 
 /// Runs `kernel` on every row of `x`, overwriting it.
@@ -173,7 +232,13 @@ pub(crate) fn map_rows_in_place<A: NormScalar, D: Dimension>(
         rows(all);
         return;
     }
-    A::map_strided_in_place(x.view_mut().into_dyn(), &on_rows);
+    let first = first_row_axis(x.shape(), d);
+    let x = x.view_mut().into_dyn();
+    if merges(&x, first) {
+        A::map_strided_in_place(merged_rows(x, first), &on_rows);
+    } else {
+        A::map_gathered_in_place(x, d, &on_rows);
+    }
 }
 
 /// Two arrays of one result per row.
@@ -186,17 +251,16 @@ pub(crate) fn gathered_rows<A>(d: usize) -> usize {
     strided::block_rows::<A>(d)
 }
 
-/// Applies `reduce` to every row of `x`, collecting the two results in
-/// arrays of the leading shape.
-pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
+/// Applies `reduce` to every row of `d` elements of `x`, collecting the two
+/// results in arrays of the `leading` shape (the rows' index).
+pub(crate) fn reduce_rows<A: NormScalar, D: Dimension, S: Dimension>(
     x: &ArrayRef<A, D>,
+    d: usize,
+    leading: S,
     reduce: impl Fn(Isa, &[A]) -> (A, A) + Sync,
-) -> Result<RowResults<A, D::Smaller>, NormError> {
+) -> Result<RowResults<A, S>, NormError> {
     let isa = Isa::detect();
     let reduce = |row: &[A]| reduce(isa, row);
-    let last = Axis(x.ndim() - 1);
-    let d = x.len_of(last);
-    let leading = x.raw_dim().remove_axis(last);
     let mut first = fresh::filled(leading.clone(), A::zero())?;
     let mut second = fresh::filled(leading, A::zero())?;
     if let (Some(input), Some(a), Some(b)) =
@@ -226,11 +290,20 @@ pub(crate) fn reduce_rows<A: NormScalar, D: RemoveAxis>(
         rows(input, a, b);
         return Ok((first, second));
     }
-    A::reduce_strided(
-        x.view().into_dyn(),
-        first.view_mut().into_dyn(),
-        second.view_mut().into_dyn(),
-        &reduce,
+    let axis = first_row_axis(x.shape(), d);
+    // The rows' index as the walk sees it: without the axes of length 1
+    // that the caller counts among the leading ones and the walk among a
+    // row's (the results are in standard layout, so this is a reshape).
+    let index = IxDyn(&x.shape()[..axis]);
+    let (a, b) = (
+        reshaped(first.view_mut(), index.clone()),
+        reshaped(second.view_mut(), index),
     );
+    let x = x.view().into_dyn();
+    if merges(&x, axis) {
+        A::reduce_strided(merged_rows(x, axis), a, b, &reduce);
+    } else {
+        A::reduce_gathered(x, d, a, b, &reduce);
+    }
     Ok((first, second))
 }

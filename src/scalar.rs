@@ -6,7 +6,7 @@ use num_traits::Float;
 
 use crate::kernel::simd::{Vector, LANES};
 use crate::kernel::Kernels;
-use crate::rows::StridedWalks;
+use crate::rows::{GatheredWalks, StridedWalks};
 
 mod sealed {
     pub trait Sealed {}
@@ -45,6 +45,7 @@ pub trait NormScalar:
     + sealed::Sealed
     + Kernels<Self>
     + StridedWalks<Self>
+    + GatheredWalks<Self>
 {
     /// Converts to the accumulation type. Exact.
     #[doc(hidden)]

@@ -1,10 +1,11 @@
 //! Per-row statistics along the last axis.
 
-use ndarray::{Array, ArrayRef, Dimension, RemoveAxis};
+use ndarray::{Array, ArrayD, ArrayRef, Axis, Dimension, RemoveAxis};
 
 use crate::error::NormError;
+use crate::kernel::Isa;
 use crate::scalar::NormScalar;
-use crate::{check, kernel, rows, sealed};
+use crate::{check, kernel, over, rows, sealed};
 
 /// Mean and root mean square of every vector along the last axis.
 ///
@@ -56,6 +57,33 @@ pub trait RowStatsExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     fn stats(&self) -> Result<(Array<A, D::Smaller>, Array<A, D::Smaller>), NormError>
     where
         D: RemoveAxis;
+
+    /// Returns `(mean, rms)` over the axes from `axis` to the last, taken
+    /// together as one row (as [`LayerNormOverExt`](crate::LayerNormOverExt)
+    /// takes them), each an array of the leading shape (the axes before
+    /// `axis`): the bits of [`stats`](Self::stats) on a standard-layout
+    /// copy reshaped to `(leading, d)`.
+    ///
+    /// # Errors
+    ///
+    /// - [`NormError::AxisOutOfBounds`] if `axis` is not an axis of `self`.
+    /// - [`NormError::EmptyAxes`] if an axis from `axis` on has length 0.
+    /// - [`NormError::OutOfMemory`] if the result cannot be allocated.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ndarray::{array, Axis};
+    /// use ndarray_layernorm::prelude::*;
+    ///
+    /// let x = array![[[1.0_f64, 2.0], [3.0, 6.0]], [[3.0, 4.0], [0.0, 0.0]]];
+    /// let (mean, rms) = x.stats_over(Axis(1))?;
+    /// assert_eq!(mean, array![3.0, 1.75].into_dyn());
+    /// assert_eq!(rms, array![12.5_f64.sqrt(), 6.25_f64.sqrt()].into_dyn());
+    /// # Ok::<(), NormError>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    fn stats_over(&self, axis: Axis) -> Result<(ArrayD<A>, ArrayD<A>), NormError>;
 }
 
 impl<A: NormScalar, D: Dimension> RowStatsExt<A, D> for ArrayRef<A, D> {
@@ -63,13 +91,22 @@ impl<A: NormScalar, D: Dimension> RowStatsExt<A, D> for ArrayRef<A, D> {
     where
         D: RemoveAxis,
     {
-        check::row_length(self)?;
-        rows::reduce_rows(self, |isa, row| {
-            let stats = kernel::row_stats(isa, row);
-            (
-                A::narrow_sum(stats.mean, stats.mean_rest),
-                A::narrow(stats.rms),
-            )
-        })
+        let d = check::row_length(self)?;
+        let leading = self.raw_dim().remove_axis(Axis(self.ndim() - 1));
+        rows::reduce_rows(self, d, leading, mean_and_rms)
     }
+
+    fn stats_over(&self, axis: Axis) -> Result<(ArrayD<A>, ArrayD<A>), NormError> {
+        let d = check::rows_over(self, axis)?;
+        rows::reduce_rows(self, d, over::leading(self, axis), mean_and_rms)
+    }
+}
+
+/// The mean and the rms of one row, each rounded once.
+fn mean_and_rms<A: NormScalar>(isa: Isa, row: &[A]) -> (A, A) {
+    let stats = kernel::row_stats(isa, row);
+    (
+        A::narrow_sum(stats.mean, stats.mean_rest),
+        A::narrow(stats.rms),
+    )
 }
