@@ -87,15 +87,18 @@ pub enum NormError {
         shape: Vec<usize>,
     },
     /// An `_over` call: the first axis to normalise over is not an axis of
-    /// the input (or a layer normalises over more axes than the input has).
+    /// the input.
     AxisOutOfBounds {
         /// The first axis to normalise over.
         axis: usize,
         /// The number of axes of the input.
         ndim: usize,
     },
-    /// An `_over` call, or a layer over several axes: `gamma` or `beta`
-    /// does not have the shape of the axes normalised over.
+    /// An `_over` call or a layer over several axes: `gamma` or `beta` does
+    /// not have the shape of the axes normalised over (for a layer: its
+    /// normalised shape is not that of the input's last axes, or does not
+    /// hold as many elements as its parameters); or saved statistics were
+    /// taken over other axes ([`Operand::Stats`]).
     TrailingShapeMismatch {
         /// Which operand has the wrong shape.
         operand: Operand,

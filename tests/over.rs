@@ -776,3 +776,133 @@ fn on_error_outputs_are_untouched() {
         .is_err());
     assert_eq!(out, before);
 }
+
+/// Layers built with a normalised shape normalise as the `_over` forms do,
+/// in every layout; their statistics keep the normalised axes with length 1.
+#[test]
+fn layers_over_a_normalised_shape() {
+    let x = values::<f64>(&[2, 3, 4], 61);
+    let dy = values::<f64>(&[2, 3, 4], 62);
+    let gamma = values::<f64>(&[3, 4], 63);
+    let beta = values::<f64>(&[3, 4], 64);
+    let norm = LayerNorm::from_parts(
+        gamma.flatten().to_owned(),
+        Some(beta.flatten().to_owned()),
+        1e-5,
+    )
+    .unwrap()
+    .with_normalized_shape(&[3, 4])
+    .unwrap();
+    assert_eq!(norm.normalized_shape(), &[3, 4]);
+    let expected = x.layer_norm_over(Axis(1), &gamma, &beta, 1e-5).unwrap();
+    for_each_layout(&x, |name, xv| {
+        assert_eq!(
+            bits(norm.forward(&xv).unwrap()),
+            bits(expected.iter().copied()),
+            "{name}"
+        );
+    });
+    let (y, stats) = norm.forward_train(&x).unwrap();
+    assert_eq!(y, expected);
+    assert_eq!(stats.mean().shape(), &[2, 1]);
+    let (_, over_stats) = x
+        .layer_norm_train_over(Axis(1), &gamma, &beta, 1e-5)
+        .unwrap();
+    assert_eq!(
+        stats.mean().iter().collect::<Vec<_>>(),
+        over_stats.mean().iter().collect::<Vec<_>>()
+    );
+    let grads = norm.backward(&x, &dy, &stats).unwrap();
+    let over = x
+        .layer_norm_backward_over(Axis(1), &dy, &gamma, 1e-5)
+        .unwrap();
+    assert_eq!(grads.dx, over.dx);
+    assert_eq!(grads.dgamma, over.dgamma.flatten());
+    assert_eq!(grads.dbeta, over.dbeta.flatten());
+
+    let rms = RmsNorm::from_parts_zero_centred(gamma.flatten().to_owned(), 1e-6)
+        .unwrap()
+        .with_normalized_shape(&[3, 4])
+        .unwrap();
+    let gain = gamma.mapv(|w| 1.0 + w);
+    let r = x.rms_norm_over(Axis(1), &gain, 1e-6).unwrap();
+    let (ry, rstats) = rms.forward_train(&x).unwrap();
+    assert_eq!((rms.forward(&x).unwrap(), ry), (r.clone(), r));
+    assert_eq!(rstats.rrms().shape(), &[2, 1]);
+    let rgrads = rms.backward(&x, &dy, &rstats).unwrap();
+    assert_eq!(
+        rgrads.dx,
+        x.rms_norm_backward_over(Axis(1), &dy, &gain, 1e-6)
+            .unwrap()
+            .dx
+    );
+
+    // A 4-D input and a layer over three axes.
+    let x4 = values::<f32>(&[3, 2, 2, 5], 65);
+    let norm4 = LayerNorm::<f32>::new(20)
+        .with_normalized_shape(&[2, 2, 5])
+        .unwrap();
+    let (y4, stats4) = norm4.forward_train(&x4).unwrap();
+    assert_eq!(stats4.rstd().shape(), &[3, 1, 1]);
+    let ones = ArrayD::<f32>::ones(IxDyn(&[2, 2, 5]));
+    assert_eq!(
+        y4,
+        x4.layer_norm_over(Axis(1), &ones, &ones.mapv(|_| 0.0), 1e-5)
+            .unwrap()
+    );
+}
+
+#[test]
+fn layer_shape_errors() {
+    assert_eq!(
+        LayerNorm::<f64>::new(12).with_normalized_shape(&[5]),
+        Err(NormError::TrailingShapeMismatch {
+            operand: Operand::Gamma,
+            expected: vec![5],
+            found: vec![12]
+        })
+    );
+    assert!(RmsNorm::<f64>::new(1).with_normalized_shape(&[]).is_err());
+    assert!(RmsNorm::<f64>::new(4)
+        .with_normalized_shape(&[usize::MAX, 2])
+        .is_err());
+    let norm = LayerNorm::<f64>::new(12)
+        .with_normalized_shape(&[3, 4])
+        .unwrap();
+    assert_eq!(
+        norm.forward(&ArrayD::<f64>::zeros(IxDyn(&[2, 4, 3]))),
+        Err(NormError::TrailingShapeMismatch {
+            operand: Operand::Gamma,
+            expected: vec![4, 3],
+            found: vec![3, 4]
+        })
+    );
+    assert_eq!(
+        norm.forward(&Array1::<f64>::zeros(12)),
+        Err(NormError::TrailingShapeMismatch {
+            operand: Operand::Gamma,
+            expected: vec![12],
+            found: vec![3, 4]
+        })
+    );
+    // Statistics of a layer over the last axis only, for the same input.
+    let x = values::<f64>(&[2, 3, 4], 71);
+    let last = LayerNorm::<f64>::new(4);
+    let (_, stats) = last.forward_train(&x).unwrap();
+    assert_eq!(
+        norm.backward(&x, &x, &stats),
+        Err(NormError::TrailingShapeMismatch {
+            operand: Operand::Stats,
+            expected: vec![3, 4],
+            found: vec![4]
+        })
+    );
+    let (_, stats) = norm.forward_train(&x).unwrap();
+    assert!(matches!(
+        last.backward(&x, &x, &stats),
+        Err(NormError::TrailingShapeMismatch {
+            operand: Operand::Stats,
+            ..
+        })
+    ));
+}
