@@ -5,12 +5,18 @@
 //! cargo run --release --example over_throughput
 //! ```
 //!
+//! ```text
+//! cargo run --release --example over_throughput forward   # one form
+//! ```
+//!
 //! Each case normalises an `(n, …)` `f32` array over the axes from
 //! `Axis(1)` on, into a preallocated output in standard layout
-//! (`layer_norm_into_over`), and the table gives its time against
-//! `layer_norm_into` on the same values as a standard-layout `(n, d)`
-//! array (`vs last axis`, above 1 is slower), timed in alternation with
-//! it, best of several repetitions:
+//! (`layer_norm_into_over`; `backward`: `layer_norm_backward_into_over`,
+//! `dy` in the layout of `x`), and the table gives its time against the
+//! last-axis form (`layer_norm_into`, `layer_norm_backward_into`) on the
+//! same values as standard-layout `(n, d)` arrays (`vs last axis`, above 1
+//! is slower), timed in alternation with it, best of several repetitions.
+//! `GB/s` counts each array read or written once. The layouts:
 //!
 //! - `C`: standard layout, which reaches the last-axis walk unchanged;
 //! - `F`: Fortran order, whose rows are gathered a block at a time;
@@ -19,12 +25,16 @@
 //! - `sliced`: every other index of the first normalised axis of an array
 //!   twice as long (each lane of the last axis contiguous).
 //!
+//! For Fortran order, `last axis F` gives the time of `layer_norm_into` on
+//! the `(n, d)` array in Fortran order against the same baseline: what the
+//! layout costs the last-axis form.
+//!
 //! `in cache` arrays hold 256 KiB, `out of cache` ones 128 MiB; `threads`
 //! is 1 or all cores (`rayon::ThreadPool::install`).
 
 use std::time::Instant;
 
-use ndarray::{Array2, ArrayD, ArrayViewD, Axis, IxDyn, ShapeBuilder, Slice};
+use ndarray::{Array2, ArrayD, ArrayViewD, Axis, Dimension, IxDyn, ShapeBuilder, Slice};
 use ndarray_layernorm::prelude::*;
 
 /// A layout of the input.
@@ -116,61 +126,130 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// The forms measured.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// `layer_norm_into_over` against `layer_norm_into`.
+    Forward,
+    /// `layer_norm_backward_into_over` against `layer_norm_backward_into`,
+    /// with `dy` in the layout of `x`.
+    Backward,
+}
+
 fn main() -> Result<(), NormError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let forms: Vec<Form> = [("forward", Form::Forward), ("backward", Form::Backward)]
+        .into_iter()
+        .filter(|(name, _)| args.is_empty() || args.iter().any(|a| a == name))
+        .map(|(_, form)| form)
+        .collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "{:<14} {:<16} {:<9} {:>7} {:>8} {:>16}",
-        "where", "shape", "layout", "threads", "GB/s", "vs last axis"
+        "{:<9} {:<13} {:<18} {:<9} {:>7} {:>7} {:>13} {:>12}",
+        "form", "where", "shape", "layout", "threads", "GB/s", "vs last axis", "last axis F"
     );
-    for (place, bytes, reps) in [("in cache", 256 << 10, 200), ("out of cache", 128 << 20, 4)] {
-        for trailing in [&[12, 64][..], &[4, 4, 4], &[32, 16, 16]] {
-            let d: usize = trailing.iter().product();
-            let n = (bytes / 4 / d).max(1);
-            let shape: Vec<usize> = std::iter::once(n).chain(trailing.iter().copied()).collect();
-            let x = ArrayD::from_shape_fn(IxDyn(&shape), |i| {
-                (i.slice().iter().sum::<usize>() % 13) as f32 * 0.25 - 1.0
-            });
-            let gamma = ArrayD::from_elem(IxDyn(trailing), 1.5_f32);
-            let beta = ArrayD::from_elem(IxDyn(trailing), 0.25_f32);
-            let flat = Array2::from_shape_vec((n, d), x.iter().copied().collect()).expect("n · d");
-            let (g1, b1) = (gamma.flatten(), beta.flatten());
-            let mut out = ArrayD::zeros(IxDyn(&shape));
-            let mut flat_out = Array2::zeros((n, d));
-            for layout in [Layout::C, Layout::F, Layout::Permuted, Layout::Sliced] {
-                let store = layout.store(&x);
-                let xv = layout.view(&store);
-                for threads in [1, cores] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .expect("a thread pool");
-                    let (mut over, mut last) = (f64::INFINITY, f64::INFINITY);
-                    pool.install(|| -> Result<(), NormError> {
-                        // Alternate the two, so that both see the same machine.
-                        for _ in 0..3 {
-                            over = over.min(best(reps, || {
-                                xv.layer_norm_into_over(Axis(1), &mut out, &gamma, &beta, 1e-5)
-                                    .expect("valid arguments");
-                            }));
-                            last = last.min(best(reps, || {
-                                flat.layer_norm_into(&mut flat_out, &g1, &b1, 1e-5)
-                                    .expect("valid arguments");
-                            }));
-                        }
-                        Ok(())
-                    })?;
-                    assert_eq!(out.as_slice(), flat_out.as_slice(), "the same bits");
-                    println!(
-                        "{:<14} {:<16} {:<9} {:>7} {:>8.2} {:>16.2}",
-                        place,
-                        format!("{shape:?}"),
-                        layout.name(),
-                        threads,
-                        (2 * n * d * 4) as f64 / over / 1e9,
-                        over / last,
-                    );
-                }
+    for form in forms {
+        for (place, bytes, reps) in [("in cache", 256 << 10, 200), ("out of cache", 128 << 20, 4)] {
+            for trailing in [&[12, 64][..], &[4, 4, 4], &[32, 16, 16]] {
+                measure(form, place, bytes, reps, trailing, cores)?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Measures `form` on arrays of about `bytes` whose rows have the shape
+/// `trailing`, in every layout, on one thread and on `cores`.
+fn measure(
+    form: Form,
+    place: &str,
+    bytes: usize,
+    reps: usize,
+    trailing: &[usize],
+    cores: usize,
+) -> Result<(), NormError> {
+    let d: usize = trailing.iter().product();
+    let n = (bytes / 4 / d).max(1);
+    let shape: Vec<usize> = std::iter::once(n).chain(trailing.iter().copied()).collect();
+    let x = ArrayD::from_shape_fn(IxDyn(&shape), |i| {
+        (i.slice().iter().sum::<usize>() % 13) as f32 * 0.25 - 1.0
+    });
+    let dy = x.mapv(|v| 0.5 - v * v);
+    let gamma = ArrayD::from_elem(IxDyn(trailing), 1.5_f32);
+    let beta = ArrayD::from_elem(IxDyn(trailing), 0.25_f32);
+    let rows = |a: &ArrayD<f32>| {
+        Array2::from_shape_vec((n, d), a.iter().copied().collect()).expect("n · d values")
+    };
+    let (flat, flat_dy) = (rows(&x), rows(&dy));
+    let (g1, b1) = (gamma.flatten(), beta.flatten());
+    let mut out = ArrayD::zeros(IxDyn(&shape));
+    let mut flat_out = Array2::zeros((n, d));
+    let arrays = if form == Form::Forward { 2 } else { 3 };
+    for layout in [Layout::C, Layout::F, Layout::Permuted, Layout::Sliced] {
+        let (store, dy_store) = (layout.store(&x), layout.store(&dy));
+        let (xv, dyv) = (layout.view(&store), layout.view(&dy_store));
+        let over = |out: &mut ArrayD<f32>| match form {
+            Form::Forward => xv.layer_norm_into_over(Axis(1), out, &gamma, &beta, 1e-5),
+            Form::Backward => xv
+                .layer_norm_backward_into_over(Axis(1), out, &dyv, &gamma, 1e-5)
+                .map(drop),
+        };
+        let last = |x: &Array2<f32>, dy: &Array2<f32>, out: &mut Array2<f32>| match form {
+            Form::Forward => x.layer_norm_into(out, &g1, &b1, 1e-5),
+            Form::Backward => x.layer_norm_backward_into(out, dy, &g1, 1e-5).map(drop),
+        };
+        // The last-axis form on the same layout, where it has one.
+        let in_fortran = |a: &Array2<f32>| {
+            let mut f = Array2::zeros((n, d).f());
+            f.assign(a);
+            f
+        };
+        let fortran =
+            (matches!(layout, Layout::F)).then(|| (in_fortran(&flat), in_fortran(&flat_dy)));
+        for threads in [1, cores] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a thread pool");
+            let (mut over_s, mut last_s, mut fortran_s) =
+                (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+            pool.install(|| -> Result<(), NormError> {
+                // Alternate them, so that all see the same machine.
+                for _ in 0..3 {
+                    over_s = over_s.min(best(reps, || over(&mut out).expect("valid arguments")));
+                    last_s = last_s.min(best(reps, || {
+                        last(&flat, &flat_dy, &mut flat_out).expect("valid arguments")
+                    }));
+                    if let Some((fx, fdy)) = &fortran {
+                        fortran_s = fortran_s.min(best(reps, || {
+                            last(fx, fdy, &mut flat_out).expect("valid arguments")
+                        }));
+                    }
+                }
+                Ok(())
+            })?;
+            over(&mut out)?;
+            last(&flat, &flat_dy, &mut flat_out)?;
+            assert_eq!(out.as_slice(), flat_out.as_slice(), "the same bits");
+            println!(
+                "{:<9} {:<13} {:<18} {:<9} {:>7} {:>7.2} {:>13.2} {:>12}",
+                if form == Form::Forward {
+                    "forward"
+                } else {
+                    "backward"
+                },
+                place,
+                format!("{shape:?}"),
+                layout.name(),
+                threads,
+                (arrays * n * d * 4) as f64 / over_s / 1e9,
+                over_s / last_s,
+                if fortran.is_some() {
+                    format!("{:.2}", fortran_s / last_s)
+                } else {
+                    "-".into()
+                },
+            );
         }
     }
     Ok(())

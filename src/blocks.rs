@@ -12,67 +12,17 @@
 //! A row is the vector along the last axis, or, for the `_over` forms, the
 //! axes from some `Axis(a)` on taken together in row-major order: the walks
 //! find them from the row length `d`, the product of the last axes' lengths.
+//! The array is cut into panels of one leading axis, its last, so that the
+//! rows of the panels, one panel after the other, are in logical order;
+//! a block of rows is copied a run within a panel at a time by the gathered
+//! walk's copies ([`GatheredWalks`]).
 
-use ndarray::{ArrayRef, ArrayView1, ArrayViewD, ArrayViewMut1, ArrayViewMutD, Axis, Dimension};
+use std::ops::Range;
 
-/// Reads an array `rows` rows at a time.
-pub(crate) struct RowBlocks<'a, A> {
-    d: usize,
-    source: Source<'a, A>,
-    scratch: Vec<A>,
-}
+use ndarray::{ArrayRef, ArrayViewD, ArrayViewMutD, Axis, Dimension, Slice};
 
-enum Source<'a, A> {
-    Slice(&'a [A]),
-    Rows(Box<dyn Iterator<Item = ArrayView1<'a, A>> + 'a>),
-    Subarrays(Box<dyn Iterator<Item = ArrayViewD<'a, A>> + 'a>),
-}
-
-impl<'a, A: Copy + 'a> RowBlocks<'a, A> {
-    /// Walks `x`, whose rows have length `d`.
-    pub(crate) fn new<D: Dimension>(x: &'a ArrayRef<A, D>, d: usize) -> Self {
-        let first = first_row_axis(x.shape(), d);
-        let source = match x.as_slice() {
-            Some(all) => Source::Slice(all),
-            None if first + 1 >= x.ndim() => Source::Rows(Box::new(x.rows().into_iter())),
-            None => Source::Subarrays(subarrays(x.view().into_dyn(), first)),
-        };
-        RowBlocks {
-            d,
-            source,
-            scratch: Vec::new(),
-        }
-    }
-
-    /// The next `rows` rows (fewer at the end, none after it), one after the
-    /// other.
-    pub(crate) fn next_block(&mut self, rows: usize) -> &[A] {
-        match &mut self.source {
-            Source::Slice(rest) => {
-                let (head, tail) = rest.split_at(rows.saturating_mul(self.d).min(rest.len()));
-                *rest = tail;
-                head
-            }
-            Source::Rows(iter) => {
-                self.scratch.clear();
-                for row in iter.take(rows) {
-                    match row.as_slice() {
-                        Some(row) => self.scratch.extend_from_slice(row),
-                        None => self.scratch.extend(row.iter().copied()),
-                    }
-                }
-                &self.scratch
-            }
-            Source::Subarrays(iter) => {
-                self.scratch.clear();
-                for row in iter.take(rows) {
-                    gather(&mut self.scratch, &row);
-                }
-                &self.scratch
-            }
-        }
-    }
-}
+use crate::rows::{keep_buffer, panels, take_buffer, RowLayout};
+use crate::scalar::NormScalar;
 
 /// The first axis of the rows of `d` elements of an array of `shape`: the
 /// last axes whose lengths multiply to `d`.
@@ -87,57 +37,128 @@ pub(crate) fn first_row_axis(shape: &[usize], d: usize) -> usize {
     0
 }
 
-/// The subarrays of `x` over its axes from `first` on, in logical order.
-fn subarrays<'a, A>(
-    x: ArrayViewD<'a, A>,
-    first: usize,
-) -> Box<dyn Iterator<Item = ArrayViewD<'a, A>> + 'a> {
-    match first {
-        0 => Box::new(std::iter::once(x)),
-        _ => Box::new(
-            x.into_outer_iter()
-                .flat_map(move |inner| subarrays(inner, first - 1)),
-        ),
+/// The panels of an array (views whose first axis is the last leading one
+/// and whose other axes are a row's), in logical order, and the next row.
+struct Cursor<V> {
+    panels: Vec<V>,
+    layout: RowLayout,
+    /// Rows per panel.
+    panel_rows: usize,
+    /// The panel and the row in it where the next block starts.
+    next: (usize, usize),
+}
+
+impl<V> Cursor<V> {
+    /// The runs of rows (panel, rows in it) of the next block of `rows`
+    /// rows (fewer at the end).
+    fn take(&mut self, rows: usize) -> Vec<(usize, Range<usize>)> {
+        let mut runs = Vec::new();
+        let mut left = rows;
+        while left > 0 && self.next.0 < self.panels.len() {
+            let (panel, row) = self.next;
+            let count = left.min(self.panel_rows - row);
+            runs.push((panel, row..row + count));
+            left -= count;
+            self.next = if row + count == self.panel_rows {
+                (panel + 1, 0)
+            } else {
+                (panel, row + count)
+            };
+        }
+        runs
     }
 }
 
-/// [`subarrays`] of a mutable view.
-fn subarrays_mut<'a, A>(
+/// `x` (with rows of `d` elements, not empty) cut into panels in logical
+/// order, with the layout of their rows.
+fn cursor<'a, A: NormScalar>(x: ArrayViewD<'a, A>, d: usize) -> Cursor<ArrayViewD<'a, A>> {
+    let first = first_row_axis(x.shape(), d);
+    let x = if first == 0 {
+        x.insert_axis(Axis(0))
+    } else {
+        x
+    };
+    let first = first.max(1);
+    let panel_rows = x.len_of(Axis(first - 1));
+    let mut all = Vec::new();
+    panels(x, first, &mut all);
+    let layout = A::row_layout(&all[0]);
+    Cursor {
+        panels: all,
+        layout,
+        panel_rows,
+        next: (0, 0),
+    }
+}
+
+/// [`cursor`] of a mutable view.
+fn cursor_mut<'a, A: NormScalar>(
     x: ArrayViewMutD<'a, A>,
-    first: usize,
-) -> Box<dyn Iterator<Item = ArrayViewMutD<'a, A>> + 'a> {
-    match first {
-        0 => Box::new(std::iter::once(x)),
-        _ => Box::new(
-            x.into_outer_iter_mut()
-                .flat_map(move |inner| subarrays_mut(inner, first - 1)),
-        ),
+    d: usize,
+) -> Cursor<ArrayViewMutD<'a, A>> {
+    let first = first_row_axis(x.shape(), d);
+    let x = if first == 0 {
+        x.insert_axis(Axis(0))
+    } else {
+        x
+    };
+    let first = first.max(1);
+    let panel_rows = x.len_of(Axis(first - 1));
+    let mut all = Vec::new();
+    panels(x, first, &mut all);
+    let layout = A::row_layout(&all[0].view());
+    Cursor {
+        panels: all,
+        layout,
+        panel_rows,
+        next: (0, 0),
     }
 }
 
-/// Appends the elements of `row` in logical order, a lane of its last axis
-/// at a time.
-fn gather<A: Copy>(buf: &mut Vec<A>, row: &ArrayViewD<'_, A>) {
-    if let Some(all) = row.as_slice() {
-        buf.extend_from_slice(all);
-        return;
-    }
-    for lane in row.lanes(Axis(row.ndim() - 1)) {
-        match lane.as_slice() {
-            Some(lane) => buf.extend_from_slice(lane),
-            None => buf.extend(lane.iter().copied()),
+/// Reads an array `rows` rows at a time.
+pub(crate) struct RowBlocks<'a, A: NormScalar> {
+    d: usize,
+    source: Source<'a, A>,
+    scratch: Vec<A>,
+    spare: Vec<A>,
+}
+
+enum Source<'a, A> {
+    Slice(&'a [A]),
+    Panels(Cursor<ArrayViewD<'a, A>>),
+}
+
+impl<'a, A: NormScalar> RowBlocks<'a, A> {
+    /// Walks `x`, whose rows have length `d`.
+    pub(crate) fn new<D: Dimension>(x: &'a ArrayRef<A, D>, d: usize) -> Self {
+        let source = match x.as_slice() {
+            Some(all) => Source::Slice(all),
+            None if x.is_empty() => Source::Slice(&[]),
+            None => Source::Panels(cursor(x.view().into_dyn(), d)),
+        };
+        let gathers = matches!(source, Source::Panels(_));
+        RowBlocks {
+            d,
+            source,
+            scratch: if gathers { take_buffer() } else { Vec::new() },
+            spare: if gathers { take_buffer() } else { Vec::new() },
         }
     }
-}
 
-/// Writes `values` over the elements of `row` in logical order.
-fn scatter_into<A: Copy>(row: &mut ArrayViewMutD<'_, A>, values: &[A]) {
-    let last = Axis(row.ndim() - 1);
-    let lane_len = row.len_of(last).max(1);
-    for (mut lane, values) in row.lanes_mut(last).into_iter().zip(values.chunks(lane_len)) {
-        match lane.as_slice_mut() {
-            Some(lane) => lane.copy_from_slice(values),
-            None => lane.iter_mut().zip(values).for_each(|(out, &v)| *out = v),
+    /// The next `rows` rows (fewer at the end, none after it), one after the
+    /// other.
+    pub(crate) fn next_block(&mut self, rows: usize) -> &[A] {
+        match &mut self.source {
+            Source::Slice(rest) => {
+                let (head, tail) = rest.split_at(rows.saturating_mul(self.d).min(rest.len()));
+                *rest = tail;
+                head
+            }
+            Source::Panels(cursor) => {
+                let runs = cursor.take(rows);
+                let len = gather_runs(cursor, &runs, self.d, &mut self.scratch, &mut self.spare);
+                &self.scratch[..len]
+            }
         }
     }
 }
@@ -148,47 +169,41 @@ fn scatter_into<A: Copy>(row: &mut ArrayViewMutD<'_, A>, values: &[A]) {
 /// an array in standard layout, a block is the array's own memory and
 /// nothing is copied, so a new output ([`crate::fresh`]) may be walked as
 /// long as each block is written before it is read.
-pub(crate) struct RowBlocksMut<'a, A: Copy> {
+pub(crate) struct RowBlocksMut<'a, A: NormScalar> {
     d: usize,
     target: Target<'a, A>,
     scratch: Vec<A>,
+    spare: Vec<A>,
 }
 
 enum Target<'a, A> {
     Slice(&'a mut [A]),
-    Rows {
-        rows: Box<dyn Iterator<Item = ArrayViewMut1<'a, A>> + 'a>,
-        pending: Vec<ArrayViewMut1<'a, A>>,
-    },
-    Subarrays {
-        rows: Box<dyn Iterator<Item = ArrayViewMutD<'a, A>> + 'a>,
-        pending: Vec<ArrayViewMutD<'a, A>>,
+    Panels {
+        cursor: Cursor<ArrayViewMutD<'a, A>>,
+        /// The runs of the block handed out last.
+        pending: Vec<(usize, Range<usize>)>,
     },
 }
 
-impl<'a, A: Copy + 'a> RowBlocksMut<'a, A> {
+impl<'a, A: NormScalar> RowBlocksMut<'a, A> {
     /// Walks `x`, whose rows have length `d`.
     pub(crate) fn new<D: Dimension>(x: &'a mut ArrayRef<A, D>, d: usize) -> Self {
         // Tested before borrowing mutably: a borrow returned from one arm of
         // a `match` on `as_slice_mut` would still hold `x` in the other.
-        let first = first_row_axis(x.shape(), d);
-        let target = if x.as_slice().is_some() {
+        let target = if x.as_slice().is_some() || x.is_empty() {
             Target::Slice(x.as_slice_mut().unwrap_or_default())
-        } else if first + 1 >= x.ndim() {
-            Target::Rows {
-                rows: Box::new(x.rows_mut().into_iter()),
-                pending: Vec::new(),
-            }
         } else {
-            Target::Subarrays {
-                rows: subarrays_mut(x.view_mut().into_dyn(), first),
+            Target::Panels {
+                cursor: cursor_mut(x.view_mut().into_dyn(), d),
                 pending: Vec::new(),
             }
         };
+        let gathers = matches!(target, Target::Panels { .. });
         RowBlocksMut {
             d,
             target,
-            scratch: Vec::new(),
+            scratch: if gathers { take_buffer() } else { Vec::new() },
+            spare: if gathers { take_buffer() } else { Vec::new() },
         }
     }
 
@@ -203,59 +218,77 @@ impl<'a, A: Copy + 'a> RowBlocksMut<'a, A> {
                 *rest = tail;
                 head
             }
-            Target::Rows {
-                rows: iter,
-                pending,
-            } => {
-                scatter(pending, &self.scratch, self.d);
-                self.scratch.clear();
-                for row in iter.take(rows) {
-                    self.scratch.extend(row.iter().copied());
-                    pending.push(row);
-                }
-                &mut self.scratch
-            }
-            Target::Subarrays {
-                rows: iter,
-                pending,
-            } => {
-                scatter_subarrays(pending, &self.scratch, self.d);
-                self.scratch.clear();
-                for row in iter.take(rows) {
-                    gather(&mut self.scratch, &row.view());
-                    pending.push(row);
-                }
-                &mut self.scratch
+            Target::Panels { cursor, pending } => {
+                write_back(cursor, pending, &self.scratch, &mut self.spare);
+                *pending = cursor.take(rows);
+                let len = gather_runs(cursor, pending, self.d, &mut self.scratch, &mut self.spare);
+                &mut self.scratch[..len]
             }
         }
     }
 }
 
-/// Ending the walk writes the last block back.
-impl<A: Copy> Drop for RowBlocksMut<'_, A> {
+/// Ending the walk writes the last block back, and keeps the buffers.
+impl<A: NormScalar> Drop for RowBlocksMut<'_, A> {
     fn drop(&mut self) {
-        match &mut self.target {
-            Target::Slice(_) => {}
-            Target::Rows { pending, .. } => scatter(pending, &self.scratch, self.d),
-            Target::Subarrays { pending, .. } => {
-                scatter_subarrays(pending, &self.scratch, self.d);
-            }
+        if let Target::Panels { cursor, pending } = &mut self.target {
+            write_back(cursor, pending, &self.scratch, &mut self.spare);
+            keep_buffer(std::mem::take(&mut self.scratch));
+            keep_buffer(std::mem::take(&mut self.spare));
         }
     }
 }
 
-/// Writes the gathered subarrays back to where they came from.
-fn scatter_subarrays<A: Copy>(pending: &mut Vec<ArrayViewMutD<'_, A>>, scratch: &[A], d: usize) {
-    for (mut row, values) in pending.drain(..).zip(scratch.chunks(d.max(1))) {
-        scatter_into(&mut row, values);
+/// Ending the walk keeps the buffers.
+impl<A: NormScalar> Drop for RowBlocks<'_, A> {
+    fn drop(&mut self) {
+        if matches!(self.source, Source::Panels(_)) {
+            keep_buffer(std::mem::take(&mut self.scratch));
+            keep_buffer(std::mem::take(&mut self.spare));
+        }
     }
 }
 
-/// Writes the gathered rows back to the rows they came from.
-fn scatter<A: Copy>(pending: &mut Vec<ArrayViewMut1<'_, A>>, scratch: &[A], d: usize) {
-    for (mut row, values) in pending.drain(..).zip(scratch.chunks(d.max(1))) {
-        for (out, &v) in row.iter_mut().zip(values) {
-            *out = v;
-        }
+/// Gathers the rows (of `d` elements) of `runs` into the front of `scratch` (grown as
+/// needed, never shrunk), one after the other; returns their element count.
+fn gather_runs<A: NormScalar, V: std::ops::Deref<Target = ArrayRef<A, ndarray::IxDyn>>>(
+    cursor: &Cursor<V>,
+    runs: &[(usize, Range<usize>)],
+    d: usize,
+    scratch: &mut Vec<A>,
+    spare: &mut Vec<A>,
+) -> usize {
+    let len = runs.iter().map(|(_, range)| range.len()).sum::<usize>() * d;
+    if scratch.len() < len {
+        scratch.resize(len, A::zero());
+    }
+    let mut at = 0;
+    for (panel, range) in runs {
+        let block = cursor.panels[*panel].slice_axis(Axis(0), Slice::from(range.clone()));
+        A::gather_rows(
+            &block,
+            &cursor.layout,
+            &mut scratch[at..at + block.len()],
+            spare,
+        );
+        at += block.len();
+    }
+    len
+}
+
+/// Writes the rows of the `pending` runs, gathered in `scratch`, back to
+/// their panels.
+fn write_back<A: NormScalar>(
+    cursor: &mut Cursor<ArrayViewMutD<'_, A>>,
+    pending: &mut Vec<(usize, Range<usize>)>,
+    scratch: &[A],
+    spare: &mut Vec<A>,
+) {
+    let mut at = 0;
+    for (panel, range) in pending.drain(..) {
+        let mut block = cursor.panels[panel].slice_axis_mut(Axis(0), Slice::from(range));
+        let len = block.len();
+        A::scatter_rows(&scratch[at..at + len], &cursor.layout, &mut block, spare);
+        at += len;
     }
 }

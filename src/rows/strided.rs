@@ -48,7 +48,7 @@ const BLOCK_BYTES: usize = 1 << 21;
 const MIN_BLOCK_ROWS: usize = 32;
 
 /// The most rows in one block.
-const MAX_BLOCK_ROWS: usize = 64;
+pub(super) const MAX_BLOCK_ROWS: usize = 64;
 
 /// Bytes of each row a tile of the column-wise walk covers: two cache lines.
 const TILE_BYTES: usize = 128;
@@ -573,7 +573,7 @@ fn copy_block<A: NormScalar>(dst: &mut ArrayViewMut2<'_, A>, src: &ArrayView2<'_
 }
 
 /// Copies the rows of `src` into `dst` (row-major, `src.len()` elements).
-fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
+pub(super) fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
     let d = src.ncols();
     copy_block(&mut matrix_mut(dst, d), src);
 }
@@ -588,7 +588,7 @@ fn gather<A: NormScalar>(src: &ArrayView2<'_, A>, dst: &mut [A]) {
 /// piece is written from it in one run; otherwise each column is copied
 /// element by element, which writes each column's piece in one run too and
 /// spares the tile's extra copy (PERFORMANCE.md, "Strided arrays").
-fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
+pub(super) fn scatter<A: NormScalar>(src: &[A], dst: &mut ArrayViewMut2<'_, A>) {
     let d = dst.ncols();
     if !by_columns(dst.strides()) {
         dst.assign(&matrix(src, d));
