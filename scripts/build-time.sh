@@ -5,7 +5,9 @@
 # with the dependency versions of this repository's Cargo.lock: one calls
 # the main forms for f32 and f64 (layer_norm, layer_norm_into,
 # layer_norm_plain on IxDyn, rms_norm, rms_norm_inplace, stats,
-# layer_norm_backward, rms_norm_backward, add_layer_norm), the other a naive
+# layer_norm_backward, rms_norm_backward, add_layer_norm, and over two
+# axes layer_norm_over, layer_norm_train_over,
+# layer_norm_backward_with_stats_over, rms_norm_over, stats_over), the other a naive
 # ndarray LayerNorm without this crate (so that both build ndarray). Then it edits the first one's
 # main.rs and times its rebuild. Prints one line of seconds.
 #
@@ -36,7 +38,7 @@ TOML
     printf '%s\n' "$3" >"$work/$1/src/main.rs"
 }
 
-calls='use ndarray::{Array, Array1, IxDyn};
+calls='use ndarray::{Array, Array1, Axis, IxDyn};
 use ndarray_layernorm::prelude::*;
 
 fn forms<A: NormScalar>(eps: A) -> Result<A, NormError> {
@@ -54,8 +56,16 @@ fn forms<A: NormScalar>(eps: A) -> Result<A, NormError> {
     let grads = x.layer_norm_backward(&y, &gamma, eps)?;
     let rms_grads = x.rms_norm_backward(&r, &gamma, eps)?;
     let (h, sum) = x.add_layer_norm(&out, &gamma, &beta, eps)?;
+    let x3 = x.clone().into_shape_with_order((2, 4, 16)).unwrap();
+    let (g2, b2) = (Array::from_elem((4, 16), A::one()), Array::from_elem((4, 16), A::zero()));
+    let over = x3.layer_norm_over(Axis(1), &g2, &b2, eps)?;
+    let (trained, saved) = x3.layer_norm_train_over(Axis(1), &g2, &b2, eps)?;
+    let over_grads = x3.layer_norm_backward_with_stats_over(Axis(1), &over, &g2, &saved)?;
+    let rms_over = x3.rms_norm_over(Axis(1), &g2, eps)?;
+    let (mean_over, _) = x3.stats_over(Axis(1))?;
     Ok(y.sum() + out.sum() + dynamic.sum() + r.sum() + inplace.sum() + mean.sum() + rms.sum()
-        + grads.dx.sum() + rms_grads.dx.sum() + h.sum() + sum.sum())
+        + grads.dx.sum() + rms_grads.dx.sum() + h.sum() + sum.sum() + over.sum() + trained.sum()
+        + over_grads.dgamma.sum() + rms_over.sum() + mean_over.sum())
 }
 
 fn main() -> Result<(), NormError> {

@@ -15,13 +15,13 @@
 //! The array is cut into panels of one leading axis, its last, so that the
 //! rows of the panels, one panel after the other, are in logical order;
 //! a block of rows is copied a run within a panel at a time by the gathered
-//! walk's copies ([`GatheredWalks`]).
+//! walk's copies ([`crate::rows::GatheredWalks`]).
 
-use std::ops::Range;
+use std::ops::{Deref, Range};
 
-use ndarray::{ArrayRef, ArrayViewD, ArrayViewMutD, Axis, Dimension, Slice};
+use ndarray::{ArrayRef, ArrayViewD, ArrayViewMutD, Axis, Dimension, IxDyn, Slice};
 
-use crate::rows::{keep_buffer, panels, take_buffer, RowLayout};
+use crate::rows::{keep_buffer, panels, take_buffer, Panel, Reorder, RowLayout};
 use crate::scalar::NormScalar;
 
 /// The first axis of the rows of `d` elements of an array of `shape`: the
@@ -69,39 +69,14 @@ impl<V> Cursor<V> {
     }
 }
 
-/// `x` (with rows of `d` elements, not empty) cut into panels in logical
-/// order, with the layout of their rows.
-fn cursor<'a, A: NormScalar>(x: ArrayViewD<'a, A>, d: usize) -> Cursor<ArrayViewD<'a, A>> {
+/// `x` (a view with rows of `d` elements, not empty) cut into panels in
+/// logical order, with the layout of their rows.
+fn cursor<A: NormScalar, V>(x: V, d: usize) -> Cursor<V>
+where
+    V: Panel + Reorder + Deref<Target = ArrayRef<A, IxDyn>>,
+{
     let first = first_row_axis(x.shape(), d);
-    let x = if first == 0 {
-        x.insert_axis(Axis(0))
-    } else {
-        x
-    };
-    let first = first.max(1);
-    let panel_rows = x.len_of(Axis(first - 1));
-    let mut all = Vec::new();
-    panels(x, first, &mut all);
-    let layout = A::row_layout(&all[0]);
-    Cursor {
-        panels: all,
-        layout,
-        panel_rows,
-        next: (0, 0),
-    }
-}
-
-/// [`cursor`] of a mutable view.
-fn cursor_mut<'a, A: NormScalar>(
-    x: ArrayViewMutD<'a, A>,
-    d: usize,
-) -> Cursor<ArrayViewMutD<'a, A>> {
-    let first = first_row_axis(x.shape(), d);
-    let x = if first == 0 {
-        x.insert_axis(Axis(0))
-    } else {
-        x
-    };
+    let x = if first == 0 { x.with_block_axis() } else { x };
     let first = first.max(1);
     let panel_rows = x.len_of(Axis(first - 1));
     let mut all = Vec::new();
@@ -194,7 +169,7 @@ impl<'a, A: NormScalar> RowBlocksMut<'a, A> {
             Target::Slice(x.as_slice_mut().unwrap_or_default())
         } else {
             Target::Panels {
-                cursor: cursor_mut(x.view_mut().into_dyn(), d),
+                cursor: cursor(x.view_mut().into_dyn(), d),
                 pending: Vec::new(),
             }
         };
@@ -251,7 +226,7 @@ impl<A: NormScalar> Drop for RowBlocks<'_, A> {
 
 /// Gathers the rows (of `d` elements) of `runs` into the front of `scratch` (grown as
 /// needed, never shrunk), one after the other; returns their element count.
-fn gather_runs<A: NormScalar, V: std::ops::Deref<Target = ArrayRef<A, ndarray::IxDyn>>>(
+fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>>>(
     cursor: &Cursor<V>,
     runs: &[(usize, Range<usize>)],
     d: usize,

@@ -1,6 +1,6 @@
-//! LayerNorm, RMSNorm and their statistics along the last axis of any
-//! [`ndarray`] array, for `f32` and `f64`, accurate to within an ulp (`f32`)
-//! or a few (`f64`).
+//! LayerNorm, RMSNorm and their statistics along the last axis (or the last
+//! few axes) of any [`ndarray`] array, for `f32` and `f64`, accurate to
+//! within an ulp (`f32`) or a few (`f64`).
 //!
 //! Bring the extension traits into scope and call them on any owned array
 //! or view, of any dimension `(…, d)` and any memory layout:
@@ -28,13 +28,30 @@
 //! |---|---|
 //! | [`LayerNormExt`] | `layer_norm`, `layer_norm_plain`, and their `_into` and `_inplace` forms |
 //! | [`RmsNormExt`] | `rms_norm`, `rms_norm_plain`, and their `_into` and `_inplace` forms |
-//! | [`RowStatsExt`] | `stats`: `(mean, rms)` of every row |
+//! | [`RowStatsExt`] | `stats`: `(mean, rms)` of every row; `stats_over` |
 //! | [`LayerNormBackwardExt`] | `layer_norm_backward`, `layer_norm_train`, `layer_norm_backward_with_stats`, and the `_into` forms of the two backward passes |
 //! | [`RmsNormBackwardExt`] | `rms_norm_backward`, `rms_norm_train`, `rms_norm_backward_with_stats`, and the `_into` forms of the two backward passes |
 //! | [`AddNormExt`] | `add_layer_norm`, `add_rms_norm` (residual add fused with the norm) and their `_inplace` forms |
+//! | [`LayerNormOverExt`], [`RmsNormOverExt`] | every LayerNorm and RMSNorm method above with `_over` appended: over the axes from `Axis(a)` to the last (PyTorch's `normalized_shape`, ONNX's `axis`) |
 //!
 //! For training, the layers [`LayerNorm`] and [`RmsNorm`] own their
 //! parameters and offer `forward`, `forward_train` and `backward`.
+//!
+//! To normalise several trailing axes together, as one row of the product
+//! of their lengths, call the `_over` form with the first of them:
+//!
+//! ```
+//! use ndarray::{Array, Array2, Axis};
+//! use ndarray_layernorm::prelude::*;
+//!
+//! let x = Array::from_shape_fn((2, 3, 4), |(i, j, k)| (i + j * k) as f64);
+//! let (gamma, beta) = (Array2::ones((3, 4)), Array2::zeros((3, 4)));
+//! let y = x.layer_norm_over(Axis(1), &gamma, &beta, 1e-5)?; // each x[i] as one row of 12
+//! let (mean, _rms) = x.stats_over(Axis(1))?;
+//! assert_eq!(mean.shape(), &[2]);
+//! # let _ = y;
+//! # Ok::<(), NormError>(())
+//! ```
 //!
 //! The `_plain` forms leave out `gamma` and `beta`. The `_into` forms write
 //! into a caller's array of the input's shape and the `_inplace` forms
@@ -98,7 +115,9 @@
 //!
 //! Bad input never panics: every method returns a [`NormError`] for a
 //! `gamma`/`beta`/output of the wrong length or shape, an empty last axis,
-//! a 0-dimensional array or an `eps` that is negative or not finite. Leading
+//! a 0-dimensional array or an `eps` that is negative or not finite (and, for
+//! the `_over` forms, an axis out of range, axes without elements or a
+//! `gamma`/`beta` of another shape than theirs). Leading
 //! axes of length 0 are fine and give an empty result. A result that cannot
 //! be allocated (of a broadcast view of a vast shape, say) is
 //! [`NormError::OutOfMemory`] rather than an aborted process.

@@ -23,7 +23,7 @@ mod gathered;
 mod strided;
 
 pub use gathered::GatheredWalks;
-pub(crate) use gathered::{keep_buffer, panels, take_buffer, RowLayout};
+pub(crate) use gathered::{keep_buffer, panels, take_buffer, Panel, Reorder, RowLayout};
 pub use strided::StridedWalks;
 
 use ndarray::{Array, ArrayBase, ArrayRef, Axis, Dimension, IxDyn, RawData};

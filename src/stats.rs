@@ -7,7 +7,9 @@ use crate::kernel::Isa;
 use crate::scalar::NormScalar;
 use crate::{check, kernel, over, rows, sealed};
 
-/// Mean and root mean square of every vector along the last axis.
+/// Mean and root mean square of every vector along the last axis, or
+/// ([`stats_over`](RowStatsExt::stats_over)) of every subarray over the last
+/// few axes.
 ///
 /// Implemented for [`ArrayRef`], so every owned array and view of `f32` or
 /// `f64` has it. The trait is sealed.

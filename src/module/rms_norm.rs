@@ -19,7 +19,7 @@ use crate::{check, rows};
 /// parametrisation of Gemma-style models ([`zero_centred`](Self::zero_centred))
 /// the stored weight `w` starts at 0 and the gain is `1 + w`, formed in
 /// `f64`: `y = x / √(mean(x²) + eps) · (1 + w)`. The layer is plain data,
-/// like [`LayerNorm`].
+/// like [`LayerNorm`](crate::LayerNorm).
 ///
 /// # Examples
 ///
@@ -44,7 +44,7 @@ pub struct RmsNorm<A> {
 impl<A: NormScalar> RmsNorm<A> {
     /// A layer for rows of length `d` as a fresh model starts it:
     /// `gamma = 1`, `eps = 1e-6`. With `d = 0` every input is refused, as
-    /// for [`LayerNorm::new`].
+    /// for [`LayerNorm::new`](crate::LayerNorm::new).
     ///
     /// # Examples
     ///

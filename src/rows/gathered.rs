@@ -555,7 +555,7 @@ fn ordered<V: Reorder>(view: V, order: &[usize], first: usize) -> V {
 }
 
 /// The reshaping [`ordered`] does.
-trait Reorder: Sized {
+pub(crate) trait Reorder: Sized {
     fn permute(self, order: &[usize]) -> Self;
     fn with_block_axis(self) -> Self;
 }
