@@ -906,3 +906,41 @@ fn layer_shape_errors() {
         })
     ));
 }
+
+/// One thread and two give the same bits, in standard layout and in Fortran
+/// order (gathered), for the forward, statistics and backward forms.
+#[cfg(feature = "rayon")]
+#[test]
+fn thread_count_does_not_change_the_bits() {
+    let shape = [64, 8, 16, 32];
+    let x = values::<f64>(&shape, 81);
+    let dy = values::<f64>(&shape, 82);
+    let mut f = ArrayD::zeros(IxDyn(&shape).f());
+    f.assign(&x);
+    let gamma = values::<f64>(&shape[1..], 83);
+    let beta = values::<f64>(&shape[1..], 84);
+    let run = |threads: usize, x: &ArrayD<f64>| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let y = x.layer_norm_over(Axis(1), &gamma, &beta, 1e-5).unwrap();
+            let (mean, rms) = x.stats_over(Axis(1)).unwrap();
+            let grads = x
+                .layer_norm_backward_over(Axis(1), &dy, &gamma, 1e-5)
+                .unwrap();
+            (
+                bits(y),
+                bits(mean),
+                bits(rms),
+                bits(grads.dx),
+                bits(grads.dgamma),
+            )
+        })
+    };
+    for (name, input) in [("C order", &x), ("Fortran order", &f)] {
+        assert_eq!(run(1, input), run(2, input), "{name}");
+    }
+    assert_eq!(run(1, &x), run(2, &f));
+}
