@@ -1045,43 +1045,76 @@ fn train_rows<A: NormScalar, D: Dimension, S: Dimension, T: Copy + Send>(
     let isa = Isa::detect();
     let mut stats = fresh::filled(leading, placeholder)?;
     let y = fresh::array(x.raw_dim(), |y| {
+        let Some(slots) = stats.as_slice_mut() else {
+            unreachable!("a new array is in standard layout");
+        };
         // Each block writes only its own rows and statistics: any thread may
         // compute it.
-        #[cfg(feature = "rayon")]
-        if parallel(x.len()) {
-            if let (Some(x), Some(ys), Some(slots)) =
-                (x.as_slice(), y.as_slice_mut(), stats.as_slice_mut())
-            {
-                let block_len = BLOCK_ROWS * d.max(1);
-                x.par_chunks(block_len)
-                    .zip(ys.par_chunks_mut(block_len))
-                    .zip(slots.par_chunks_mut(BLOCK_ROWS))
-                    .with_min_len(blocks_per_task(d))
-                    .for_each(|((x, y), slots)| block(isa, x, y, slots));
-                return;
-            }
+        if let (Some(x), Some(y)) = (x.as_slice(), y.as_slice_mut()) {
+            train_blocks(isa, (x, y, slots), d, parallel(x.len()), &block);
+            return;
         }
+        // Other layouts: gathered a wave of blocks at a time, whose blocks
+        // the pool shares.
+        let wave = wave_rows(x.len(), d);
         let mut xs = RowBlocks::new(x, d);
         let mut ys = RowBlocksMut::new(y, d);
-        let mut slots = stats.iter_mut();
-        let mut block_stats = [placeholder; BLOCK_ROWS];
+        let mut slots = slots;
         loop {
-            let x_block = xs.next_block(BLOCK_ROWS);
-            if x_block.is_empty() {
+            let x_wave = xs.next_block(wave);
+            if x_wave.is_empty() {
                 break;
             }
-            let rows = (x_block.len() / d.max(1)).min(BLOCK_ROWS);
-            let block_stats = &mut block_stats[..rows];
-            block(isa, x_block, ys.next_block(BLOCK_ROWS), block_stats);
-            // The block's entries first: `zip` takes an item from its first
-            // iterator before it finds the second one exhausted.
-            for (&row, slot) in block_stats.iter().zip(&mut slots) {
-                *slot = row;
-            }
+            let (wave_slots, rest) = std::mem::take(&mut slots).split_at_mut(x_wave.len() / d);
+            slots = rest;
+            let io = (x_wave, ys.next_block(wave), wave_slots);
+            train_blocks(isa, io, d, wave > BLOCK_ROWS, &block);
         }
     })?;
     Ok((y, stats))
 }
+
+/// Runs `block` on the consecutive rows of `x` (rows of `d` elements),
+/// [`BLOCK_ROWS`] at a time, writing `y` and one statistic per row: on the
+/// rayon pool with `parallel`.
+fn train_blocks<A: NormScalar, T: Copy + Send>(
+    isa: Isa,
+    (x, y, slots): (&[A], &mut [A], &mut [T]),
+    d: usize,
+    parallel: bool,
+    block: &(impl Fn(Isa, &[A], &mut [A], &mut [T]) + Sync),
+) {
+    let block_len = BLOCK_ROWS * d;
+    #[cfg(feature = "rayon")]
+    if parallel {
+        x.par_chunks(block_len)
+            .zip(y.par_chunks_mut(block_len))
+            .zip(slots.par_chunks_mut(BLOCK_ROWS))
+            .with_min_len(blocks_per_task(d))
+            .for_each(|((x, y), slots)| block(isa, x, y, slots));
+        return;
+    }
+    let _ = parallel;
+    let blocks = x.chunks(block_len).zip(y.chunks_mut(block_len));
+    for ((x, y), slots) in blocks.zip(slots.chunks_mut(BLOCK_ROWS)) {
+        block(isa, x, y, slots);
+    }
+}
+
+/// Rows per wave of gathered blocks for a call over `elements` elements in
+/// rows of `d`: one block on a single thread; on the pool, enough blocks to
+/// share while the wave's buffers stay within [`GATHERED_WAVE_ELEMS`].
+fn wave_rows(elements: usize, d: usize) -> usize {
+    if !parallel(elements) {
+        return BLOCK_ROWS;
+    }
+    let blocks = (GATHERED_WAVE_ELEMS / (BLOCK_ROWS * d)).max(2);
+    blocks * BLOCK_ROWS
+}
+
+/// Elements per gathered wave: its `x`, `dy` and `dx` buffers stay in the
+/// caches while the pool works on its blocks.
+const GATHERED_WAVE_ELEMS: usize = 1 << 18;
 
 /// The block callback of [`backward_blocks`]: `(isa, first_row, inputs, dx,
 /// partials)`.
@@ -1150,25 +1183,45 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
                 return (Array1::from(dgamma.total()), Array1::from(dbeta.total()));
             }
         }
+        // Other layouts: gathered a wave of blocks at a time, whose blocks
+        // the pool shares (their partials still added in block order).
+        let wave = wave_rows(x.len(), d);
         let mut xs = RowBlocks::new(x, d);
         let mut dys = RowBlocks::new(dy, d);
         let mut dxs = RowBlocksMut::new(dx, d);
         let mut first = 0;
         loop {
-            let x_block = xs.next_block(BLOCK_ROWS);
-            if x_block.is_empty() {
+            let x_wave = xs.next_block(wave);
+            if x_wave.is_empty() {
                 break;
             }
-            partials.clear(head);
             let inputs = Inputs {
-                x: x_block,
-                dy: dys.next_block(BLOCK_ROWS),
+                x: x_wave,
+                dy: dys.next_block(wave),
                 d,
                 gain,
                 prefetch,
                 stream,
             };
-            block(isa, first, inputs, dxs.next_block(BLOCK_ROWS), partials);
+            let dx_wave = dxs.next_block(wave);
+            #[cfg(feature = "rayon")]
+            if wave > BLOCK_ROWS {
+                let shifted =
+                    |isa, row, inputs: Inputs<'_, A>, dx: &mut [A], partials: &mut Partials| {
+                        block(isa, first + row, inputs, dx, partials);
+                    };
+                parallel_blocks(
+                    isa,
+                    (inputs, dx_wave),
+                    head,
+                    &shifted,
+                    (&mut *dgamma, &mut *dbeta),
+                );
+                first += wave;
+                continue;
+            }
+            partials.clear(head);
+            block(isa, first, inputs, dx_wave, partials);
             dgamma.add(partials.dgamma.as_slice());
             dbeta.add(partials.dbeta.as_slice());
             first += BLOCK_ROWS;
@@ -1253,6 +1306,12 @@ const MIN_WAVE_BLOCKS: usize = 16;
 #[cfg(feature = "rayon")]
 fn parallel(elems: usize) -> bool {
     elems >= crate::rows::PARALLEL_MIN_ELEMS && rayon::current_num_threads() > 1
+}
+
+/// Without the `rayon` feature every call runs on the calling thread.
+#[cfg(not(feature = "rayon"))]
+fn parallel(_elems: usize) -> bool {
+    false
 }
 
 /// Blocks per parallel task for rows of length `d`.

@@ -226,7 +226,7 @@ impl<A: NormScalar> Drop for RowBlocks<'_, A> {
 
 /// Gathers the rows (of `d` elements) of `runs` into the front of `scratch` (grown as
 /// needed, never shrunk), one after the other; returns their element count.
-fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>>>(
+fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>> + Sync>(
     cursor: &Cursor<V>,
     runs: &[(usize, Range<usize>)],
     d: usize,
@@ -237,19 +237,43 @@ fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>>>(
     if scratch.len() < len {
         scratch.resize(len, A::zero());
     }
-    let mut at = 0;
+    // Pieces of at most `PIECE_ROWS` rows, each with its part of `scratch`.
+    let mut pieces = Vec::new();
+    let mut rest = &mut scratch[..len];
     for (panel, range) in runs {
-        let block = cursor.panels[*panel].slice_axis(Axis(0), Slice::from(range.clone()));
-        A::gather_rows(
-            &block,
-            &cursor.layout,
-            &mut scratch[at..at + block.len()],
-            spare,
-        );
-        at += block.len();
+        for start in range.clone().step_by(PIECE_ROWS) {
+            let rows = start..(start + PIECE_ROWS).min(range.end);
+            let (buf, tail) = std::mem::take(&mut rest).split_at_mut(rows.len() * d);
+            rest = tail;
+            pieces.push((*panel, rows, buf));
+        }
+    }
+    let gather = |(panel, rows, buf): (usize, Range<usize>, &mut [A]), spare: &mut Vec<A>| {
+        let block = cursor.panels[panel].slice_axis(Axis(0), Slice::from(rows));
+        A::gather_rows(&block, &cursor.layout, buf, spare);
+    };
+    // A large block (a wave of the training and backward walks) is gathered
+    // by the pool, a piece per task.
+    #[cfg(feature = "rayon")]
+    if len >= PARALLEL_GATHER_ELEMS && pieces.len() > 1 && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        pieces
+            .into_par_iter()
+            .for_each_init(take_buffer, |spare, piece| gather(piece, spare));
+        return len;
+    }
+    for piece in pieces {
+        gather(piece, spare);
     }
     len
 }
+
+/// Rows gathered by one task of a parallel gather: one backward block.
+const PIECE_ROWS: usize = 64;
+
+/// Elements from which a block is gathered by the pool.
+#[cfg(feature = "rayon")]
+const PARALLEL_GATHER_ELEMS: usize = 1 << 16;
 
 /// Writes the rows of the `pending` runs, gathered in `scratch`, back to
 /// their panels.

@@ -930,12 +930,21 @@ fn thread_count_does_not_change_the_bits() {
             let grads = x
                 .layer_norm_backward_over(Axis(1), &dy, &gamma, 1e-5)
                 .unwrap();
+            let (trained, stats) = x
+                .layer_norm_train_over(Axis(1), &gamma, &beta, 1e-5)
+                .unwrap();
+            let mut dx = ArrayD::zeros(IxDyn(&shape).f());
+            let dgamma = x
+                .rms_norm_backward_into_over(Axis(1), &mut dx, &dy, &gamma, 1e-6)
+                .unwrap();
+            let rstd: Vec<u64> = stats.rstd().iter().map(|v| v.to_bits()).collect();
+            let saved = x
+                .layer_norm_backward_with_stats_over(Axis(1), &dy, &gamma, &stats)
+                .unwrap();
+            assert_eq!(bits(saved.dx), bits(grads.dx.iter().copied()));
             (
-                bits(y),
-                bits(mean),
-                bits(rms),
-                bits(grads.dx),
-                bits(grads.dgamma),
+                (bits(y), bits(mean), bits(rms), bits(trained), rstd),
+                (bits(grads.dx), bits(grads.dgamma), bits(dx), bits(dgamma)),
             )
         })
     };
