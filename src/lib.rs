@@ -106,9 +106,8 @@
 //! elements or more) split their rows over rayon's global pool; set
 //! `RAYON_NUM_THREADS`, or call inside `rayon::ThreadPool::install`, to
 //! choose the threads. A row is never split, so the result bits do not
-//! depend on the number of threads. The training forward passes and the
-//! backward passes split only arrays in standard (row-major) layout, and
-//! the fused [`AddNormExt`] methods always run on the calling thread.
+//! depend on the number of threads. The fused [`AddNormExt`] methods always
+//! run on the calling thread.
 //! Without the feature every call runs on the calling thread.
 //!
 //! # Errors
