@@ -711,6 +711,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        check_last_axis_rows(self, stats.rows.shape())?;
         layer_norm_grads(
             self,
             dy,
@@ -755,6 +756,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::same_shape(self, dx)?;
         check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        check_last_axis_rows(self, stats.rows.shape())?;
         Ok(layer_norm_grads_into(
             self,
             dy,
@@ -804,6 +806,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        check_last_axis_rows(self, stats.rows.shape())?;
         rms_norm_grads(
             self,
             dy,
@@ -848,6 +851,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::same_shape(self, dx)?;
         check::shape_of(Operand::Stats, self, &stats.input_shape)?;
+        check_last_axis_rows(self, stats.rows.shape())?;
         Ok(rms_norm_grads_into(
             self,
             dy,
@@ -877,6 +881,16 @@ pub(crate) fn backward_args<'a, A: NormScalar, D: Dimension>(
 /// last axis.
 pub(crate) fn leading_of<A, D: RemoveAxis>(x: &ArrayRef<A, D>) -> D::Smaller {
     x.raw_dim().remove_axis(Axis(x.ndim().saturating_sub(1)))
+}
+
+/// Checks that statistics indexed by `rows` were taken over the last axis
+/// of `x` (not saved by a form over several axes of the same input).
+fn check_last_axis_rows<A, D: RemoveAxis>(
+    x: &ArrayRef<A, D>,
+    rows: &[usize],
+) -> Result<(), NormError> {
+    let last = x.ndim().saturating_sub(1);
+    check::saved_rows(x, leading_of(x).slice(), &x.shape()[last..], rows)
 }
 
 /// Checks that `stats` belong to an input of `x`'s shape.
@@ -1105,12 +1119,15 @@ fn train_blocks<A: NormScalar, T: Copy + Send>(
 /// rows of `d`: one block on a single thread; on the pool, enough blocks to
 /// share while the wave's buffers stay within [`GATHERED_WAVE_ELEMS`].
 fn wave_rows(elements: usize, d: usize) -> usize {
-    if !parallel(elements) {
+    if !parallel(elements) || d > MAX_WAVE_ROW {
         return BLOCK_ROWS;
     }
-    let blocks = (GATHERED_WAVE_ELEMS / (BLOCK_ROWS * d)).max(2);
-    blocks * BLOCK_ROWS
+    (GATHERED_WAVE_ELEMS / (BLOCK_ROWS * d)).max(2) * BLOCK_ROWS
 }
+
+/// The longest rows gathered in waves: two blocks of them, the fewest a
+/// wave shares, hold 1 Mi elements per array.
+const MAX_WAVE_ROW: usize = 1 << 13;
 
 /// Elements per gathered wave: its `x`, `dy` and `dx` buffers stay in the
 /// caches while the pool works on its blocks.

@@ -21,6 +21,8 @@ use std::ops::{Deref, Range};
 
 use ndarray::{ArrayRef, ArrayViewD, ArrayViewMutD, Axis, Dimension, IxDyn, Slice};
 
+#[cfg(feature = "rayon")]
+use crate::rows::Kept;
 use crate::rows::{keep_buffer, panels, take_buffer, Panel, Reorder, RowLayout};
 use crate::scalar::NormScalar;
 
@@ -75,7 +77,21 @@ fn cursor<A: NormScalar, V>(x: V, d: usize) -> Cursor<V>
 where
     V: Panel + Reorder + Deref<Target = ArrayRef<A, IxDyn>>,
 {
-    let first = first_row_axis(x.shape(), d);
+    let mut first = first_row_axis(x.shape(), d);
+    let mut x = x;
+    // Leading axes that merge into the last one, in logical order, make
+    // longer panels; leading axes of length 1 index nothing.
+    for take in (0..first.saturating_sub(1)).rev() {
+        if !x.merge(take, first - 1) {
+            break;
+        }
+    }
+    for axis in (0..first).rev() {
+        if x.len_of(Axis(axis)) == 1 {
+            x = x.without_axis(axis);
+            first -= 1;
+        }
+    }
     let x = if first == 0 { x.with_block_axis() } else { x };
     let first = first.max(1);
     let panel_rows = x.len_of(Axis(first - 1));
@@ -252,14 +268,14 @@ fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>> + Sync>(
         let block = cursor.panels[panel].slice_axis(Axis(0), Slice::from(rows));
         A::gather_rows(&block, &cursor.layout, buf, spare);
     };
-    // A large block (a wave of the training and backward walks) is gathered
-    // by the pool, a piece per task.
+    // A wave of blocks of the training and backward walks (more than one
+    // block's rows) is gathered by the pool, a piece per task.
     #[cfg(feature = "rayon")]
-    if len >= PARALLEL_GATHER_ELEMS && pieces.len() > 1 && rayon::current_num_threads() > 1 {
+    if len >= PARALLEL_GATHER_ELEMS && len > PIECE_ROWS * d && rayon::current_num_threads() > 1 {
         use rayon::prelude::*;
         pieces
             .into_par_iter()
-            .for_each_init(take_buffer, |spare, piece| gather(piece, spare));
+            .for_each_init(Kept::new, |spare, piece| gather(piece, &mut spare.0));
         return len;
     }
     for piece in pieces {

@@ -44,7 +44,8 @@ pub(crate) fn rows_over<A, D: Dimension>(
             ndim,
         });
     };
-    // No overflow: the product of all the lengths is `x.len()`.
+    // No overflow: ndarray keeps the product of the nonzero lengths within
+    // `isize::MAX`, and a zero length makes the product zero.
     let d: usize = trailing.iter().product();
     if d == 0 {
         return Err(NormError::EmptyAxes {
@@ -150,6 +151,34 @@ pub(crate) fn same_shape<A, D: Dimension>(
             found: out.shape().to_vec(),
         })
     }
+}
+
+/// Saved statistics whose rows are indexed by an array of shape `rows` must
+/// have been taken over the axes of `x` that the call normalises, which
+/// index its rows by the shape `expected` and have the shape `trailing`
+/// (statistics of the same input taken over other axes are refused).
+pub(crate) fn saved_rows<A, D: Dimension>(
+    x: &ArrayRef<A, D>,
+    expected: &[usize],
+    trailing: &[usize],
+    rows: &[usize],
+) -> Result<(), NormError> {
+    if rows == expected {
+        return Ok(());
+    }
+    // The axes the statistics were taken over: those after as many leading
+    // axes as index their rows.
+    let count: usize = rows.iter().product();
+    let (mut axis, mut leading) = (0, 1);
+    while axis < x.ndim() && leading != count {
+        leading *= x.shape()[axis];
+        axis += 1;
+    }
+    Err(NormError::TrailingShapeMismatch {
+        operand: Operand::Stats,
+        expected: trailing.to_vec(),
+        found: x.shape()[axis..].to_vec(),
+    })
 }
 
 /// An array or saved statistics that must belong to an input of `x`'s shape.

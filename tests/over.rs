@@ -953,3 +953,57 @@ fn thread_count_does_not_change_the_bits() {
     }
     assert_eq!(run(1, &x), run(2, &f));
 }
+
+/// Statistics of the same input taken over other axes are refused by every
+/// form that takes saved statistics, whatever their type lets through.
+#[test]
+fn statistics_over_other_axes_are_refused() {
+    let x = values::<f64>(&[2, 3, 4], 91);
+    let g2 = ArrayD::<f64>::ones(IxDyn(&[3, 4]));
+    let g1 = Array1::<f64>::ones(4);
+    let other = NormError::TrailingShapeMismatch {
+        operand: Operand::Stats,
+        expected: vec![4],
+        found: vec![3, 4],
+    };
+    // `_over` statistics from Axis(1) with the last-axis form (IxDyn: the
+    // types agree).
+    let (_, stats) = x.layer_norm_train_over(Axis(1), &g2, &g2, 1e-5).unwrap();
+    assert_eq!(
+        x.layer_norm_backward_with_stats(&x, &g1, &stats),
+        Err(other.clone())
+    );
+    let mut dx = ArrayD::zeros(IxDyn(&[2, 3, 4]));
+    assert_eq!(
+        x.layer_norm_backward_with_stats_into(&mut dx, &x, &g1, &stats),
+        Err(other)
+    );
+    let (_, rms_stats) = x.rms_norm_train_over(Axis(1), &g2, 1e-6).unwrap();
+    assert!(x.rms_norm_backward_with_stats(&x, &g1, &rms_stats).is_err());
+    assert!(x
+        .rms_norm_backward_with_stats_into(&mut dx, &x, &g1, &rms_stats)
+        .is_err());
+    assert!(dx.iter().all(|&v| v == 0.0), "dx untouched");
+    // A layer's statistics over (3, 4), shape (2, 1), with a form from Axis(2).
+    let layer = LayerNorm::<f64>::new(12)
+        .with_normalized_shape(&[3, 4])
+        .unwrap();
+    let (_, layer_stats) = layer.forward_train(&x).unwrap();
+    assert_eq!(
+        x.layer_norm_backward_with_stats_over(Axis(2), &x, &g1.clone().into_dyn(), &layer_stats),
+        Err(NormError::TrailingShapeMismatch {
+            operand: Operand::Stats,
+            expected: vec![4],
+            found: vec![3, 4],
+        })
+    );
+    // And the last-axis statistics with the form from Axis(1).
+    let (_, last) = x.layer_norm_train(&g1, &g1, 1e-5).unwrap();
+    assert!(matches!(
+        x.layer_norm_backward_with_stats_over(Axis(1), &x, &g2, &last),
+        Err(NormError::TrailingShapeMismatch {
+            operand: Operand::Stats,
+            ..
+        })
+    ));
+}

@@ -296,7 +296,7 @@ impl<A: NormScalar> LayerNorm<A> {
     ///
     /// # Errors
     ///
-    /// - [`NormError::ZeroDimensional`] if `x` has no axis.
+    /// - [`NormError::ZeroDimensional`] if `x` has no axis (a layer over one axis).
     /// - [`NormError::EmptyAxis`] if its last axis has length 0.
     /// - [`NormError::LengthMismatch`] if its last axis does not have the
     ///   layer's length.
@@ -372,7 +372,7 @@ impl<A: NormScalar> LayerNorm<A> {
     ///
     /// # Errors
     ///
-    /// - [`NormError::ZeroDimensional`] if `x` has no axis.
+    /// - [`NormError::ZeroDimensional`] if `x` has no axis (a layer over one axis).
     /// - [`NormError::EmptyAxis`] if its last axis has length 0.
     /// - [`NormError::ShapeMismatch`] with [`Operand::Gradient`] if `dy`
     ///   does not have the shape of `x`.

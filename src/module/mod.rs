@@ -81,20 +81,5 @@ fn check_stats_rows<A, D: RemoveAxis>(
     shape: &[usize],
     rows: &[usize],
 ) -> Result<(), NormError> {
-    if rows == stats_index(x, shape.len()).slice() {
-        return Ok(());
-    }
-    // The axes the statistics were taken over: those after as many leading
-    // axes as index their rows.
-    let count: usize = rows.iter().product();
-    let (mut axis, mut leading) = (0, 1);
-    while axis < x.ndim() && leading != count {
-        leading *= x.shape()[axis];
-        axis += 1;
-    }
-    Err(NormError::TrailingShapeMismatch {
-        operand: Operand::Stats,
-        expected: shape.to_vec(),
-        found: x.shape()[axis..].to_vec(),
-    })
+    check::saved_rows(x, stats_index(x, shape.len()).slice(), shape, rows)
 }

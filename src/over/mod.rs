@@ -15,6 +15,7 @@ pub use rms_norm::RmsNormOverExt;
 
 use ndarray::{ArrayRef, Axis, Dimension, IxDyn};
 
+use crate::check;
 use crate::error::{NormError, Operand};
 
 /// The shape of the rows' index of a call from `axis`: the axes before it.
@@ -37,15 +38,6 @@ pub(crate) fn check_stats<A, D: Dimension>(
             found: input_shape.to_vec(),
         });
     }
-    if rows_shape.len() != axis.index() {
-        return Err(NormError::TrailingShapeMismatch {
-            operand: Operand::Stats,
-            expected: x.shape()[axis.index()..].to_vec(),
-            found: input_shape
-                .get(rows_shape.len()..)
-                .unwrap_or_default()
-                .to_vec(),
-        });
-    }
-    Ok(())
+    let (leading, trailing) = x.shape().split_at(axis.index());
+    check::saved_rows(x, leading, trailing, rows_shape)
 }

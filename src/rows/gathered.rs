@@ -1,8 +1,9 @@
 //! The row walk for rows over several axes that no single stride reaches
 //! in logical order: the `_over` forms on Fortran order, permuted axes or a
 //! view sliced inside the normalised axes. Rows whose axes merge into one
-//! stride never come here: they take the strided walk as rows along one
-//! axis.
+//! stride take the strided walk as rows along one axis instead. The copies
+//! here also serve the block walks of training, backward and the fused
+//! forms ([`crate::blocks`]) on every layout that is not contiguous.
 //!
 //! The array is cut into panels of one leading axis (the *block axis*, the
 //! leading axis whose neighbouring rows are closest in memory) and each
@@ -103,6 +104,25 @@ pub(crate) fn take_buffer<A: NormScalar>() -> Vec<A> {
         .unwrap_or_default()
 }
 
+/// A buffer of [`take_buffer`] that goes back to its thread's
+/// ([`keep_buffer`]) when dropped: the working memory of a task on the pool.
+#[cfg(feature = "rayon")]
+pub(crate) struct Kept<A: NormScalar>(pub(crate) Vec<A>);
+
+#[cfg(feature = "rayon")]
+impl<A: NormScalar> Kept<A> {
+    pub(crate) fn new() -> Self {
+        Kept(take_buffer())
+    }
+}
+
+#[cfg(feature = "rayon")]
+impl<A: NormScalar> Drop for Kept<A> {
+    fn drop(&mut self) {
+        keep_buffer(std::mem::take(&mut self.0));
+    }
+}
+
 /// Keeps `buf` for a later call on this thread (a few, of up to
 /// [`KEPT_BYTES`] each).
 pub(crate) fn keep_buffer<A: NormScalar>(buf: Vec<A>) {
@@ -165,7 +185,7 @@ macro_rules! gathered_walks {
                 buf: &mut [$elem],
                 spare: &mut Vec<$elem>,
             ) {
-                gather(block, layout, buf, buffers(spare, buf.len()).0)
+                gather(block, layout, buf, buffer(spare, buf.len()))
             }
             #[inline(never)]
             fn scatter_rows(
@@ -174,7 +194,7 @@ macro_rules! gathered_walks {
                 block: &mut ArrayViewMut<'_, $elem, IxDyn>,
                 spare: &mut Vec<$elem>,
             ) {
-                scatter(buf, layout, block, buffers(spare, buf.len()).0)
+                scatter(buf, layout, block, buffer(spare, buf.len()))
             }
             fn kept_buffers() -> &'static LocalKey<RefCell<Vec<Vec<$elem>>>> {
                 thread_local! {
@@ -253,10 +273,10 @@ impl Permuted {
             .zip(strides)
             .map(|(&len, &stride)| stride.min(0) * (len as isize - 1))
             .sum();
-        let step = step as isize;
+        let step = isize::try_from(step).ok().filter(|&step| step > 0)?;
         let place: Vec<usize> = offsets.map(|o| ((o - first) / step) as usize).collect();
         let in_order = place.iter().enumerate().all(|(j, &k)| j == k);
-        (step > 0).then_some(Permuted {
+        Some(Permuted {
             first,
             step,
             place,
@@ -558,6 +578,10 @@ fn ordered<V: Reorder>(view: V, order: &[usize], first: usize) -> V {
 pub(crate) trait Reorder: Sized {
     fn permute(self, order: &[usize]) -> Self;
     fn with_block_axis(self) -> Self;
+    /// Without `axis`, which has length 1.
+    fn without_axis(self, axis: usize) -> Self;
+    /// `merge_axes(take, into)`.
+    fn merge(&mut self, take: usize, into: usize) -> bool;
 }
 
 impl<A> Reorder for ArrayView<'_, A, IxDyn> {
@@ -567,6 +591,12 @@ impl<A> Reorder for ArrayView<'_, A, IxDyn> {
     fn with_block_axis(self) -> Self {
         self.insert_axis(Axis(0))
     }
+    fn without_axis(self, axis: usize) -> Self {
+        self.index_axis_move(Axis(axis), 0)
+    }
+    fn merge(&mut self, take: usize, into: usize) -> bool {
+        self.merge_axes(Axis(take), Axis(into))
+    }
 }
 
 impl<A> Reorder for ArrayViewMut<'_, A, IxDyn> {
@@ -575,6 +605,12 @@ impl<A> Reorder for ArrayViewMut<'_, A, IxDyn> {
     }
     fn with_block_axis(self) -> Self {
         self.insert_axis(Axis(0))
+    }
+    fn without_axis(self, axis: usize) -> Self {
+        self.index_axis_move(Axis(axis), 0)
+    }
+    fn merge(&mut self, take: usize, into: usize) -> bool {
+        self.merge_axes(Axis(take), Axis(into))
     }
 }
 
@@ -589,7 +625,7 @@ fn run<T: Send, A: NormScalar>(
     if super::parallel(elements) {
         tasks
             .into_par_iter()
-            .for_each_init(take_buffer, |buf, t| task(t, buf));
+            .for_each_init(Kept::new, |buf, t| task(t, &mut buf.0));
         return;
     }
     let _ = elements;
@@ -598,6 +634,14 @@ fn run<T: Send, A: NormScalar>(
         task(t, &mut buf);
     }
     keep_buffer(buf);
+}
+
+/// A buffer of `len` elements from `buf` (grown as needed).
+fn buffer<A: NormScalar>(buf: &mut Vec<A>, len: usize) -> &mut [A] {
+    if buf.len() < len {
+        buf.resize(len, A::zero());
+    }
+    &mut buf[..len]
 }
 
 /// Two buffers of `len` elements from `buf`: the block's rows and room
