@@ -21,8 +21,6 @@ use std::ops::{Deref, Range};
 
 use ndarray::{ArrayRef, ArrayViewD, ArrayViewMutD, Axis, Dimension, IxDyn, Slice};
 
-#[cfg(feature = "rayon")]
-use crate::rows::Kept;
 use crate::rows::{keep_buffer, panels, take_buffer, Panel, Reorder, RowLayout};
 use crate::scalar::NormScalar;
 
@@ -242,7 +240,7 @@ impl<A: NormScalar> Drop for RowBlocks<'_, A> {
 
 /// Gathers the rows (of `d` elements) of `runs` into the front of `scratch` (grown as
 /// needed, never shrunk), one after the other; returns their element count.
-fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>> + Sync>(
+fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>>>(
     cursor: &Cursor<V>,
     runs: &[(usize, Range<usize>)],
     d: usize,
@@ -261,35 +259,19 @@ fn gather_runs<A: NormScalar, V: Deref<Target = ArrayRef<A, IxDyn>> + Sync>(
             let rows = start..(start + PIECE_ROWS).min(range.end);
             let (buf, tail) = std::mem::take(&mut rest).split_at_mut(rows.len() * d);
             rest = tail;
-            pieces.push((*panel, rows, buf));
+            let block = cursor.panels[*panel].slice_axis(Axis(0), Slice::from(rows));
+            pieces.push((block, buf));
         }
     }
-    let gather = |(panel, rows, buf): (usize, Range<usize>, &mut [A]), spare: &mut Vec<A>| {
-        let block = cursor.panels[panel].slice_axis(Axis(0), Slice::from(rows));
-        A::gather_rows(&block, &cursor.layout, buf, spare);
-    };
     // A wave of blocks of the training and backward walks (more than one
     // block's rows) is gathered by the pool, a piece per task.
-    #[cfg(feature = "rayon")]
-    if len >= PARALLEL_GATHER_ELEMS && len > PIECE_ROWS * d && rayon::current_num_threads() > 1 {
-        use rayon::prelude::*;
-        pieces
-            .into_par_iter()
-            .for_each_init(Kept::new, |spare, piece| gather(piece, &mut spare.0));
-        return len;
-    }
-    for piece in pieces {
-        gather(piece, spare);
-    }
+    let parallel = len > PIECE_ROWS * d;
+    A::gather_pieces(pieces, &cursor.layout, parallel, spare);
     len
 }
 
 /// Rows gathered by one task of a parallel gather: one backward block.
 const PIECE_ROWS: usize = 64;
-
-/// Elements from which a block is gathered by the pool.
-#[cfg(feature = "rayon")]
-const PARALLEL_GATHER_ELEMS: usize = 1 << 16;
 
 /// Writes the rows of the `pending` runs, gathered in `scratch`, back to
 /// their panels.

@@ -23,8 +23,6 @@ mod gathered;
 mod strided;
 
 pub use gathered::GatheredWalks;
-#[cfg(feature = "rayon")]
-pub(crate) use gathered::Kept;
 pub(crate) use gathered::{keep_buffer, panels, take_buffer, Panel, Reorder, RowLayout};
 pub use strided::StridedWalks;
 

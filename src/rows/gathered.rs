@@ -89,9 +89,48 @@ pub trait GatheredWalks<A> {
         block: &mut ArrayViewMut<'_, A, IxDyn>,
         spare: &mut Vec<A>,
     );
+    /// [`gather`] of each block into its buffer, on the pool when
+    /// `parallel` and the blocks are large enough to share.
+    fn gather_pieces(
+        pieces: Vec<(ArrayView<'_, A, IxDyn>, &mut [A])>,
+        layout: &RowLayout,
+        parallel: bool,
+        spare: &mut Vec<A>,
+    );
     /// The buffers this thread keeps between calls ([`take_buffer`],
     /// [`keep_buffer`]).
     fn kept_buffers() -> &'static LocalKey<RefCell<Vec<Vec<A>>>>;
+}
+
+/// Elements from which the blocks of [`gather_pieces`] are gathered by the
+/// pool.
+#[cfg(feature = "rayon")]
+const PARALLEL_GATHER_ELEMS: usize = 1 << 16;
+
+/// [`GatheredWalks::gather_pieces`].
+fn gather_pieces<A: NormScalar>(
+    pieces: Vec<(ArrayView<'_, A, IxDyn>, &mut [A])>,
+    layout: &RowLayout,
+    parallel: bool,
+    spare: &mut Vec<A>,
+) {
+    let copy = |(block, buf): (ArrayView<'_, A, IxDyn>, &mut [A]), spare: &mut Vec<A>| {
+        gather(&block, layout, buf, buffer(spare, buf.len()));
+    };
+    #[cfg(feature = "rayon")]
+    {
+        let len: usize = pieces.iter().map(|(block, _)| block.len()).sum();
+        if parallel && len >= PARALLEL_GATHER_ELEMS && rayon::current_num_threads() > 1 {
+            pieces
+                .into_par_iter()
+                .for_each_init(Kept::new, |kept, piece| copy(piece, &mut kept.0));
+            return;
+        }
+    }
+    let _ = parallel;
+    for piece in pieces {
+        copy(piece, spare);
+    }
 }
 
 /// A buffer for gathered blocks: one this thread kept from an earlier
@@ -195,6 +234,15 @@ macro_rules! gathered_walks {
                 spare: &mut Vec<$elem>,
             ) {
                 scatter(buf, layout, block, buffer(spare, buf.len()))
+            }
+            #[inline(never)]
+            fn gather_pieces(
+                pieces: Vec<(ArrayView<'_, $elem, IxDyn>, &mut [$elem])>,
+                layout: &RowLayout,
+                parallel: bool,
+                spare: &mut Vec<$elem>,
+            ) {
+                gather_pieces(pieces, layout, parallel, spare)
             }
             fn kept_buffers() -> &'static LocalKey<RefCell<Vec<Vec<$elem>>>> {
                 thread_local! {
