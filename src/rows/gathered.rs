@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-use ndarray::{ArrayView, ArrayViewMut, Axis, IxDyn, ShapeBuilder};
+use ndarray::{ArrayBase, ArrayView, ArrayViewMut, Axis, IxDyn, RawData, ShapeBuilder};
 
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
@@ -632,22 +632,7 @@ pub(crate) trait Reorder: Sized {
     fn merge(&mut self, take: usize, into: usize) -> bool;
 }
 
-impl<A> Reorder for ArrayView<'_, A, IxDyn> {
-    fn permute(self, order: &[usize]) -> Self {
-        self.permuted_axes(order)
-    }
-    fn with_block_axis(self) -> Self {
-        self.insert_axis(Axis(0))
-    }
-    fn without_axis(self, axis: usize) -> Self {
-        self.index_axis_move(Axis(axis), 0)
-    }
-    fn merge(&mut self, take: usize, into: usize) -> bool {
-        self.merge_axes(Axis(take), Axis(into))
-    }
-}
-
-impl<A> Reorder for ArrayViewMut<'_, A, IxDyn> {
+impl<S: RawData> Reorder for ArrayBase<S, IxDyn> {
     fn permute(self, order: &[usize]) -> Self {
         self.permuted_axes(order)
     }
