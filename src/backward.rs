@@ -10,8 +10,8 @@ use crate::error::{NormError, Operand};
 use crate::kernel::backward::{
     ColumnSum, Gain, Inputs, LineAligned, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
 };
-use crate::kernel::{self, cache, Affine, Isa};
-use crate::scalar::NormScalar;
+use crate::kernel::{cache, Affine, Isa};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, fresh, rows, sealed};
 
 #[cfg(feature = "rayon")]
@@ -35,17 +35,19 @@ use rayon::prelude::*;
 /// # Ok::<(), NormError>(())
 /// ```
 ///
-/// `P` is the shape of `gamma`: one axis for the last-axis forms, the shape
+/// `E` is the shape of `gamma`: one axis for the last-axis forms, the shape
 /// of the axes normalised over for the `_over` forms
-/// ([`LayerNormOverExt`](crate::LayerNormOverExt)).
+/// ([`LayerNormOverExt`](crate::LayerNormOverExt)). `G` is the element type
+/// of `gamma` ([`NormParam`]): the input's own, or `f32` for half inputs
+/// with `f32` parameters.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LayerNormGrads<A, D: Dimension, P: Dimension = Ix1> {
+pub struct LayerNormGrads<A, D: Dimension, E: Dimension = Ix1, G = A> {
     /// The gradient with respect to the input, of the input's shape.
     pub dx: Array<A, D>,
     /// The gradient with respect to `gamma`: `Σ dy ⊙ x̂` over every row.
-    pub dgamma: Array<A, P>,
+    pub dgamma: Array<G, E>,
     /// The gradient with respect to `beta`: `Σ dy` over every row.
-    pub dbeta: Array<A, P>,
+    pub dbeta: Array<G, E>,
 }
 
 /// The gradients of an RMSNorm with respect to its input and gain.
@@ -65,13 +67,14 @@ pub struct LayerNormGrads<A, D: Dimension, P: Dimension = Ix1> {
 /// # Ok::<(), NormError>(())
 /// ```
 ///
-/// `P` is the shape of `gamma`, as for [`LayerNormGrads`].
+/// `E` is the shape of `gamma` and `G` its element type, as for
+/// [`LayerNormGrads`].
 #[derive(Clone, Debug, PartialEq)]
-pub struct RmsNormGrads<A, D: Dimension, P: Dimension = Ix1> {
+pub struct RmsNormGrads<A, D: Dimension, E: Dimension = Ix1, G = A> {
     /// The gradient with respect to the input, of the input's shape.
     pub dx: Array<A, D>,
     /// The gradient with respect to `gamma`: `Σ dy ⊙ x̂` over every row.
-    pub dgamma: Array<A, P>,
+    pub dgamma: Array<G, E>,
 }
 
 /// What a LayerNorm backward pass needs of each row, saved by the forward
@@ -292,12 +295,15 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(grads.dbeta, array![1.0, 0.0, 0.0, 0.0]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_backward(
+    fn layer_norm_backward<P, Eps>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<LayerNormGrads<A, D>, NormError>;
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<LayerNormGrads<A, D, Ix1, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns [`layer_norm`](crate::LayerNormExt::layer_norm) of every row
     /// (the same bits) together with the statistics that
@@ -322,13 +328,15 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn layer_norm_train(
+    fn layer_norm_train<P, Eps>(
         &self,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
     ) -> Result<(Array<A, D>, LayerNormStats<D::Smaller>), NormError>
     where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
         D: RemoveAxis;
 
     /// Returns the gradients as [`layer_norm_backward`](Self::layer_norm_backward)
@@ -362,13 +370,14 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(grads, x.layer_norm_backward(&dy, &gamma, 1e-5)?);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_backward_with_stats(
+    fn layer_norm_backward_with_stats<P>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &LayerNormStats<D::Smaller>,
-    ) -> Result<LayerNormGrads<A, D>, NormError>
+    ) -> Result<LayerNormGrads<A, D, Ix1, P>, NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis;
 
     /// Writes `dx` into `dx` (an array of the input's shape, any layout)
@@ -406,13 +415,16 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn layer_norm_backward_into(
+    fn layer_norm_backward_into<P, Eps>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(Array1<A>, Array1<A>), NormError>;
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `dx` into `dx` and returns `(dgamma, dbeta)`, from the
     /// statistics that [`layer_norm_train`](Self::layer_norm_train) saved,
@@ -450,14 +462,15 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn layer_norm_backward_with_stats_into(
+    fn layer_norm_backward_with_stats_into<P>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &LayerNormStats<D::Smaller>,
     ) -> Result<(Array1<A>, Array1<A>), NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis;
 }
 
@@ -508,12 +521,15 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(grads.dx.abs_diff_eq(&array![[16.0 * r / 25.0, -12.0 * r / 25.0]], 1e-15));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward(
+    fn rms_norm_backward<P, Eps>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<RmsNormGrads<A, D>, NormError>;
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<RmsNormGrads<A, D, Ix1, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns [`rms_norm`](crate::RmsNormExt::rms_norm) of every row (the
     /// same bits) together with the statistics that
@@ -537,12 +553,14 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn rms_norm_train(
+    fn rms_norm_train<P, Eps>(
         &self,
-        gamma: &ArrayRef1<A>,
-        eps: A,
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
     ) -> Result<(Array<A, D>, RmsNormStats<D::Smaller>), NormError>
     where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
         D: RemoveAxis;
 
     /// Returns the gradients as [`rms_norm_backward`](Self::rms_norm_backward)
@@ -575,13 +593,14 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(grads, x.rms_norm_backward(&dy, &gamma, 1e-6)?);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward_with_stats(
+    fn rms_norm_backward_with_stats<P>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &RmsNormStats<D::Smaller>,
-    ) -> Result<RmsNormGrads<A, D>, NormError>
+    ) -> Result<RmsNormGrads<A, D, Ix1, P>, NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis;
 
     /// Writes `dx` into `dx` (an array of the input's shape, any layout)
@@ -617,13 +636,16 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(dgamma.abs_diff_eq(&array![3.0 * r, 0.0], 1e-15));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward_into(
+    fn rms_norm_backward_into<P, Eps>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array1<A>, NormError>;
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array1<A>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `dx` into `dx` and returns `dgamma`, from the statistics that
     /// [`rms_norm_train`](Self::rms_norm_train) saved, with the bits of
@@ -660,53 +682,61 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!((dx, dgamma), (grads.dx, grads.dgamma));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward_with_stats_into(
+    fn rms_norm_backward_with_stats_into<P>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &RmsNormStats<D::Smaller>,
     ) -> Result<Array1<A>, NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis;
 }
 
 impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> {
-    fn layer_norm_backward(
+    fn layer_norm_backward<P, Eps>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<LayerNormGrads<A, D>, NormError> {
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<LayerNormGrads<A, D, Ix1, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma) = backward_args(self, dy, gamma)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         layer_norm_grads(self, dy, d, Gain::Gamma(&gamma), None, eps)
     }
 
-    fn layer_norm_train(
+    fn layer_norm_train<P, Eps>(
         &self,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
     ) -> Result<(Array<A, D>, LayerNormStats<D::Smaller>), NormError>
     where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
         D: RemoveAxis,
     {
         let d = check::row_length(self)?;
-        let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
-        let beta = check::feature_vector(Operand::Beta, beta, d)?;
-        let eps = check::eps(eps)?;
+        let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;
+        let beta = check::params::<A, _>(Operand::Beta, beta, d)?;
+        let eps = check::eps::<A, _>(eps)?;
         let leading = leading_of(self);
         layer_norm_train(self, d, leading, Affine::ScaleShift(&gamma, &beta), eps)
     }
 
-    fn layer_norm_backward_with_stats(
+    fn layer_norm_backward_with_stats<P>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &LayerNormStats<D::Smaller>,
-    ) -> Result<LayerNormGrads<A, D>, NormError>
+    ) -> Result<LayerNormGrads<A, D, Ix1, P>, NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis,
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
@@ -722,16 +752,20 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         )
     }
 
-    fn layer_norm_backward_into(
+    fn layer_norm_backward_into<P, Eps>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(Array1<A>, Array1<A>), NormError> {
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::same_shape(self, dx)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         Ok(layer_norm_grads_into(
             self,
             dy,
@@ -743,14 +777,15 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         ))
     }
 
-    fn layer_norm_backward_with_stats_into(
+    fn layer_norm_backward_with_stats_into<P>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &LayerNormStats<D::Smaller>,
     ) -> Result<(Array1<A>, Array1<A>), NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis,
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
@@ -770,38 +805,45 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
 }
 
 impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
-    fn rms_norm_backward(
+    fn rms_norm_backward<P, Eps>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<RmsNormGrads<A, D>, NormError> {
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<RmsNormGrads<A, D, Ix1, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma) = backward_args(self, dy, gamma)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         rms_norm_grads(self, dy, d, Gain::Gamma(&gamma), None, eps)
     }
 
-    fn rms_norm_train(
+    fn rms_norm_train<P, Eps>(
         &self,
-        gamma: &ArrayRef1<A>,
-        eps: A,
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
     ) -> Result<(Array<A, D>, RmsNormStats<D::Smaller>), NormError>
     where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
         D: RemoveAxis,
     {
         let d = check::row_length(self)?;
-        let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
-        let eps = check::eps(eps)?;
+        let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;
+        let eps = check::eps::<A, _>(eps)?;
         rms_norm_train(self, d, leading_of(self), Gain::Gamma(&gamma), eps)
     }
 
-    fn rms_norm_backward_with_stats(
+    fn rms_norm_backward_with_stats<P>(
         &self,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &RmsNormStats<D::Smaller>,
-    ) -> Result<RmsNormGrads<A, D>, NormError>
+    ) -> Result<RmsNormGrads<A, D, Ix1, P>, NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis,
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
@@ -817,16 +859,20 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         )
     }
 
-    fn rms_norm_backward_into(
+    fn rms_norm_backward_into<P, Eps>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array1<A>, NormError> {
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array1<A>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma) = backward_args(self, dy, gamma)?;
         check::same_shape(self, dx)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         Ok(rms_norm_grads_into(
             self,
             dy,
@@ -838,14 +884,15 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         ))
     }
 
-    fn rms_norm_backward_with_stats_into(
+    fn rms_norm_backward_with_stats_into<P>(
         &self,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
+        gamma: &ArrayRef1<P>,
         stats: &RmsNormStats<D::Smaller>,
     ) -> Result<Array1<A>, NormError>
     where
+        A: NormParam<P>,
         D: RemoveAxis,
     {
         let (d, gamma) = backward_args(self, dy, gamma)?;
@@ -866,14 +913,14 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
 
 /// Validates the input, `dy` and `gamma`, in the order the errors are
 /// documented.
-pub(crate) fn backward_args<'a, A: NormScalar, D: Dimension>(
+pub(crate) fn backward_args<'a, A: NormScalar + NormParam<P>, D: Dimension, P>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
-    gamma: &'a ArrayRef1<A>,
-) -> Result<(usize, Cow<'a, [A]>), NormError> {
+    gamma: &'a ArrayRef1<P>,
+) -> Result<(usize, Cow<'a, [Wide<A>]>), NormError> {
     let d = check::row_length(x)?;
     check::shape_of(Operand::Gradient, x, dy.shape())?;
-    let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
+    let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;
     Ok((d, gamma))
 }
 
@@ -915,7 +962,7 @@ pub(crate) fn layer_norm_train<A: NormScalar, D: Dimension, S: Dimension>(
     x: &ArrayRef<A, D>,
     d: usize,
     leading: S,
-    affine: Affine<'_, A>,
+    affine: Affine<'_, Wide<A>>,
     eps: f64,
 ) -> Trained<A, D, LayerNormStats<S>> {
     let (y, rows) = train_rows(
@@ -923,7 +970,7 @@ pub(crate) fn layer_norm_train<A: NormScalar, D: Dimension, S: Dimension>(
         d,
         leading,
         RowCentring::NOT_FINITE,
-        |isa, x, y, stats| kernel::layer_norm_train_block(isa, x, y, d, affine, eps, stats),
+        |isa, x, y, stats| A::layer_norm_train_block(isa, x, y, d, affine, eps, stats),
     )?;
     let stats = LayerNormStats {
         input_shape: x.shape().to_vec(),
@@ -938,11 +985,11 @@ pub(crate) fn rms_norm_train<A: NormScalar, D: Dimension, S: Dimension>(
     x: &ArrayRef<A, D>,
     d: usize,
     leading: S,
-    gain: Gain<'_, A>,
+    gain: Gain<'_, Wide<A>>,
     eps: f64,
 ) -> Trained<A, D, RmsNormStats<S>> {
     let (y, rows) = train_rows(x, d, leading, RowScaling::NOT_FINITE, |isa, x, y, stats| {
-        kernel::rms_norm_train_block(isa, x, y, d, gain.affine(), eps, stats)
+        A::rms_norm_train_block(isa, x, y, d, gain.affine(), eps, stats)
     })?;
     let stats = RmsNormStats {
         input_shape: x.shape().to_vec(),
@@ -956,14 +1003,14 @@ type Trained<A, D, S> = Result<(Array<A, D>, S), NormError>;
 
 /// The LayerNorm gradients of validated arguments, from `saved` statistics
 /// or, without them, from statistics computed with `eps`.
-pub(crate) fn layer_norm_grads<A: NormScalar, D: Dimension>(
+pub(crate) fn layer_norm_grads<A: NormScalar + NormParam<P>, D: Dimension, P>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     d: usize,
-    gain: Gain<'_, A>,
+    gain: Gain<'_, Wide<A>>,
     saved: Option<&[RowCentring]>,
     eps: f64,
-) -> Result<LayerNormGrads<A, D>, NormError> {
+) -> Result<LayerNormGrads<A, D, Ix1, P>, NormError> {
     let (dx, (dgamma, dbeta)) = fresh::array_and(x.raw_dim(), |dx| {
         layer_norm_grads_into(x, dy, Dx::Fresh(dx), d, gain, saved, eps)
     })?;
@@ -983,34 +1030,34 @@ pub(crate) enum Dx<'a, A, D> {
 
 /// [`layer_norm_grads`] with `dx` written into `dx`; returns
 /// `(dgamma, dbeta)`.
-pub(crate) fn layer_norm_grads_into<A: NormScalar, D: Dimension>(
+pub(crate) fn layer_norm_grads_into<A: NormScalar + NormParam<P>, D: Dimension, P>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     dx: Dx<'_, A, D>,
     d: usize,
-    gain: Gain<'_, A>,
+    gain: Gain<'_, Wide<A>>,
     saved: Option<&[RowCentring]>,
     eps: f64,
-) -> (Array1<A>, Array1<A>) {
+) -> (Array1<P>, Array1<P>) {
     backward_blocks(x, dy, dx, d, gain, |isa, first, inputs, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
         };
-        kernel::layer_norm_backward_block(isa, inputs, dx, saved, partials);
+        A::layer_norm_backward_block(isa, inputs, dx, saved, partials);
     })
 }
 
 /// The RMSNorm gradients of validated arguments, from `saved` statistics
 /// or, without them, from statistics computed with `eps`.
-pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
+pub(crate) fn rms_norm_grads<A: NormScalar + NormParam<P>, D: Dimension, P>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     d: usize,
-    gain: Gain<'_, A>,
+    gain: Gain<'_, Wide<A>>,
     saved: Option<&[RowScaling]>,
     eps: f64,
-) -> Result<RmsNormGrads<A, D>, NormError> {
+) -> Result<RmsNormGrads<A, D, Ix1, P>, NormError> {
     let (dx, dgamma) = fresh::array_and(x.raw_dim(), |dx| {
         rms_norm_grads_into(x, dy, Dx::Fresh(dx), d, gain, saved, eps)
     })?;
@@ -1018,21 +1065,21 @@ pub(crate) fn rms_norm_grads<A: NormScalar, D: Dimension>(
 }
 
 /// [`rms_norm_grads`] with `dx` written into `dx`; returns `dgamma`.
-pub(crate) fn rms_norm_grads_into<A: NormScalar, D: Dimension>(
+pub(crate) fn rms_norm_grads_into<A: NormScalar + NormParam<P>, D: Dimension, P>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     dx: Dx<'_, A, D>,
     d: usize,
-    gain: Gain<'_, A>,
+    gain: Gain<'_, Wide<A>>,
     saved: Option<&[RowScaling]>,
     eps: f64,
-) -> Array1<A> {
+) -> Array1<P> {
     let (dgamma, _) = backward_blocks(x, dy, dx, d, gain, |isa, first, inputs, dx, partials| {
         let saved = match saved {
             Some(rows) => Saved::Rows(rows.get(first..).unwrap_or_default()),
             None => Saved::Compute(eps),
         };
-        kernel::rms_norm_backward_block(isa, inputs, dx, saved, partials);
+        A::rms_norm_backward_block(isa, inputs, dx, saved, partials);
     });
     dgamma
 }
@@ -1148,14 +1195,14 @@ impl<A, F: Fn(Isa, usize, Inputs<'_, A>, &mut [A], &mut Partials) + Sync> Backwa
 /// large contiguous call computes its blocks on the current pool (see
 /// [`parallel_blocks`]) and adds their partials afterwards, still one after
 /// the other in block order: the bits do not depend on the thread count.
-fn backward_blocks<A: NormScalar, D: Dimension>(
+fn backward_blocks<A: NormScalar + NormParam<P>, D: Dimension, P>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     dx: Dx<'_, A, D>,
     d: usize,
-    gain: Gain<'_, A>,
+    gain: Gain<'_, Wide<A>>,
     block: impl BackwardBlock<A>,
-) -> (Array1<A>, Array1<A>) {
+) -> (Array1<P>, Array1<P>) {
     let isa = Isa::detect();
     let (dx, may_stream) = match dx {
         Dx::Fresh(dx) => (dx, false),
@@ -1197,7 +1244,10 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
                     stream,
                 };
                 parallel_blocks(isa, (inputs, dx), head, &block, totals);
-                return (Array1::from(dgamma.total()), Array1::from(dbeta.total()));
+                return (
+                    Array1::from(dgamma.total(<A as NormParam<P>>::narrow_grad)),
+                    Array1::from(dbeta.total(<A as NormParam<P>>::narrow_grad)),
+                );
             }
         }
         // Other layouts: gathered a wave of blocks at a time, whose blocks
@@ -1244,7 +1294,10 @@ fn backward_blocks<A: NormScalar, D: Dimension>(
             first += BLOCK_ROWS;
         }
         drop(dxs);
-        (Array1::from(dgamma.total()), Array1::from(dbeta.total()))
+        (
+            Array1::from(dgamma.total(<A as NormParam<P>>::narrow_grad)),
+            Array1::from(dbeta.total(<A as NormParam<P>>::narrow_grad)),
+        )
     })
 }
 

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use ndarray::{ArrayRef, ArrayRef1, Axis, Dimension};
 
 use crate::error::{NormError, Operand};
-use crate::scalar::NormScalar;
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{fresh, rows};
 
 /// The length `d` of the last axis, which every row has.
@@ -76,8 +76,12 @@ fn gathering_fits<A, D: Dimension>(
 const RESERVE_CHECK_BYTES: usize = 64 << 20;
 
 /// `eps` widened to `f64`, if it is finite and non-negative.
-pub(crate) fn eps<A: NormScalar>(eps: A) -> Result<f64, NormError> {
-    let eps = eps.widen();
+pub(crate) fn eps<A: NormEps<Eps>, Eps>(eps: Eps) -> Result<f64, NormError> {
+    valid_eps(A::eps_value(eps))
+}
+
+/// `eps`, if it is finite and non-negative.
+pub(crate) fn valid_eps(eps: f64) -> Result<f64, NormError> {
     if eps.is_finite() && eps >= 0.0 {
         Ok(eps)
     } else {
@@ -85,13 +89,30 @@ pub(crate) fn eps<A: NormScalar>(eps: A) -> Result<f64, NormError> {
     }
 }
 
-/// A per-feature operand of length `d`, as a contiguous slice (borrowed when
-/// it already is one, gathered once otherwise).
-pub(crate) fn feature_vector<'a, A: NormScalar>(
+/// The elements of `v` as a contiguous slice in logical (row-major) order:
+/// borrowed when `v` is in standard layout, gathered once otherwise.
+pub(crate) fn logical_order<P: Copy, E: Dimension>(
+    v: &ArrayRef<P, E>,
+) -> Result<Cow<'_, [P]>, NormError> {
+    Ok(match v.as_slice() {
+        Some(slice) => Cow::Borrowed(slice),
+        None => {
+            // Gathered once; a broadcast view of a vast length cannot be.
+            let mut copy = fresh::reserved(v.len())?;
+            copy.extend(v.iter().copied());
+            Cow::Owned(copy)
+        }
+    })
+}
+
+/// A per-feature parameter (`gamma`, `beta`), which must have length `d`,
+/// as the kernels of `A` read it: contiguous ([`logical_order`]) and
+/// widened where its type is not theirs ([`NormParam`]).
+pub(crate) fn params<'a, A: NormScalar + NormParam<P>, P>(
     operand: Operand,
-    v: &'a ArrayRef1<A>,
+    v: &'a ArrayRef1<P>,
     d: usize,
-) -> Result<Cow<'a, [A]>, NormError> {
+) -> Result<Cow<'a, [Wide<A>]>, NormError> {
     if v.len() != d {
         return Err(NormError::LengthMismatch {
             operand,
@@ -99,26 +120,17 @@ pub(crate) fn feature_vector<'a, A: NormScalar>(
             found: v.len(),
         });
     }
-    Ok(match v.as_slice() {
-        Some(slice) => Cow::Borrowed(slice),
-        None => {
-            // Gathered once; a broadcast view of a vast length cannot be.
-            let mut copy = fresh::reserved(d)?;
-            copy.extend(v.iter().copied());
-            Cow::Owned(copy)
-        }
-    })
+    A::to_compute(v)
 }
 
-/// A per-feature operand of an `_over` call, which must have the shape of
-/// the axes from `axis` on, as a contiguous slice in logical (row-major)
-/// order (borrowed when it is in standard layout, gathered once otherwise).
-pub(crate) fn trailing_vector<'a, A: NormScalar, D: Dimension, E: Dimension>(
+/// A per-feature parameter of an `_over` call, which must have the shape of
+/// the axes from `axis` on, as the kernels of `A` read it (see [`params`]).
+pub(crate) fn trailing_params<'a, A: NormScalar + NormParam<P>, P, D: Dimension, E: Dimension>(
     operand: Operand,
     x: &ArrayRef<A, D>,
     axis: Axis,
-    v: &'a ArrayRef<A, E>,
-) -> Result<Cow<'a, [A]>, NormError> {
+    v: &'a ArrayRef<P, E>,
+) -> Result<Cow<'a, [Wide<A>]>, NormError> {
     let trailing = &x.shape()[axis.index()..];
     if v.shape() != trailing {
         return Err(NormError::TrailingShapeMismatch {
@@ -127,14 +139,7 @@ pub(crate) fn trailing_vector<'a, A: NormScalar, D: Dimension, E: Dimension>(
             found: v.shape().to_vec(),
         });
     }
-    Ok(match v.as_slice() {
-        Some(slice) => Cow::Borrowed(slice),
-        None => {
-            let mut copy = fresh::reserved(v.len())?;
-            copy.extend(v.iter().copied());
-            Cow::Owned(copy)
-        }
-    })
+    A::to_compute(v)
 }
 
 /// The output array of an `_into` method must have the input's shape.

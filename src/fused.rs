@@ -8,8 +8,8 @@ use crate::blocks::{RowBlocks, RowBlocksMut};
 use crate::error::{NormError, Operand};
 use crate::fresh::Fresh;
 use crate::kernel::backward::BLOCK_ROWS;
-use crate::kernel::{self, Affine, CallParams, Io, Isa};
-use crate::scalar::NormScalar;
+use crate::kernel::{Affine, CallParams, Io, Isa};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, fresh, sealed};
 
 /// The residual add of a pre-norm transformer block fused with the
@@ -57,13 +57,16 @@ pub trait AddNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn add_layer_norm(
+    fn add_layer_norm<P, Eps>(
         &self,
         residual: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(Array<A, D>, Array<A, D>), NormError>;
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, Array<A, D>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `h = self + residual` over `residual` and returns
     /// `y = h.layer_norm(gamma, beta, eps)`.
@@ -86,13 +89,16 @@ pub trait AddNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(y.abs_diff_eq(&array![[-1.3416, -0.4472, 0.4472, 1.3416]], 1e-4));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn add_layer_norm_inplace(
+    fn add_layer_norm_inplace<P, Eps>(
         &self,
         residual: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError>;
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns `(y, h)` with `h = self + residual` and
     /// `y = h.rms_norm(gamma, eps)`.
@@ -122,12 +128,15 @@ pub trait AddNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn add_rms_norm(
+    fn add_rms_norm<P, Eps>(
         &self,
         residual: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(Array<A, D>, Array<A, D>), NormError>;
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, Array<A, D>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `h = self + residual` over `residual` and returns
     /// `y = h.rms_norm(gamma, eps)`.
@@ -149,98 +158,117 @@ pub trait AddNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(y.abs_diff_eq(&array![[3.0 / 12.5_f64.sqrt(), 4.0 / 12.5_f64.sqrt()]], 1e-15));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn add_rms_norm_inplace(
+    fn add_rms_norm_inplace<P, Eps>(
         &self,
         residual: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError>;
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 }
 
 impl<A: NormScalar, D: Dimension> AddNormExt<A, D> for ArrayRef<A, D> {
-    fn add_layer_norm(
+    fn add_layer_norm<P, Eps>(
         &self,
         residual: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, Array<A, D>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
         let params = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, self.len());
         add_norm(self, residual, d, |isa, io| {
-            kernel::layer_norm_rows(isa, io, 1, params.params(), eps)
+            A::layer_norm_rows(isa, io, 1, params.params(), eps)
         })
     }
 
-    fn add_layer_norm_inplace(
+    fn add_layer_norm_inplace<P, Eps>(
         &self,
         residual: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError> {
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, beta, eps) = layer_norm_args(self, residual, gamma, beta, eps)?;
         let params = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, self.len());
         add_norm_inplace(self, residual, d, |isa, io| {
-            kernel::layer_norm_rows(isa, io, 1, params.params(), eps)
+            A::layer_norm_rows(isa, io, 1, params.params(), eps)
         })
     }
 
-    fn add_rms_norm(
+    fn add_rms_norm<P, Eps>(
         &self,
         residual: &ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(Array<A, D>, Array<A, D>), NormError> {
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, Array<A, D>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         add_norm(self, residual, d, |isa, io| {
-            kernel::rms_norm_rows(isa, io, 1, params.params(), eps)
+            A::rms_norm_rows(isa, io, 1, params.params(), eps)
         })
     }
 
-    fn add_rms_norm_inplace(
+    fn add_rms_norm_inplace<P, Eps>(
         &self,
         residual: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError> {
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = rms_norm_args(self, residual, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         add_norm_inplace(self, residual, d, |isa, io| {
-            kernel::rms_norm_rows(isa, io, 1, params.params(), eps)
+            A::rms_norm_rows(isa, io, 1, params.params(), eps)
         })
     }
 }
 
-type LayerNormArgs<'a, A> = (usize, Cow<'a, [A]>, Cow<'a, [A]>, f64);
+type LayerNormArgs<'a, A> = (usize, Cow<'a, [Wide<A>]>, Cow<'a, [Wide<A>]>, f64);
 
 /// Validates in the order the errors are documented.
-fn layer_norm_args<'a, A: NormScalar, D: Dimension>(
+fn layer_norm_args<'a, A: NormScalar + NormParam<P> + NormEps<Eps>, D: Dimension, P, Eps>(
     x: &ArrayRef<A, D>,
     residual: &ArrayRef<A, D>,
-    gamma: &'a ArrayRef1<A>,
-    beta: &'a ArrayRef1<A>,
-    eps: A,
+    gamma: &'a ArrayRef1<P>,
+    beta: &'a ArrayRef1<P>,
+    eps: Eps,
 ) -> Result<LayerNormArgs<'a, A>, NormError> {
     let d = check::row_length(x)?;
     check::shape_of(Operand::Residual, x, residual.shape())?;
-    let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
-    let beta = check::feature_vector(Operand::Beta, beta, d)?;
-    Ok((d, gamma, beta, check::eps(eps)?))
+    let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;
+    let beta = check::params::<A, _>(Operand::Beta, beta, d)?;
+    Ok((d, gamma, beta, check::eps::<A, _>(eps)?))
 }
 
 /// Validates in the order the errors are documented.
-fn rms_norm_args<'a, A: NormScalar, D: Dimension>(
+fn rms_norm_args<'a, A: NormScalar + NormParam<P> + NormEps<Eps>, D: Dimension, P, Eps>(
     x: &ArrayRef<A, D>,
     residual: &ArrayRef<A, D>,
-    gamma: &'a ArrayRef1<A>,
-    eps: A,
-) -> Result<(usize, Cow<'a, [A]>, f64), NormError> {
+    gamma: &'a ArrayRef1<P>,
+    eps: Eps,
+) -> Result<(usize, Cow<'a, [Wide<A>]>, f64), NormError> {
     let d = check::row_length(x)?;
     check::shape_of(Operand::Residual, x, residual.shape())?;
-    let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
-    Ok((d, gamma, check::eps(eps)?))
+    let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;
+    Ok((d, gamma, check::eps::<A, _>(eps)?))
 }
 
 /// `h = x + r` element by element, rounded in the element type.

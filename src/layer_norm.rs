@@ -5,8 +5,8 @@ use std::borrow::Cow;
 use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 
 use crate::error::{NormError, Operand};
-use crate::kernel::{self, Affine, CallParams};
-use crate::scalar::NormScalar;
+use crate::kernel::{Affine, CallParams};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, rows, sealed};
 
 /// Layer normalisation of every vector along the last axis of an array.
@@ -78,12 +78,15 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(y.abs_diff_eq(&expected, 5e-5));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm(
+    fn layer_norm<P, Eps>(
         &self,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError>;
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns `(x - mean) / √(var + eps)` of every row (LayerNorm without
     /// `gamma` and `beta`), as a new array in standard layout.
@@ -106,7 +109,9 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(y, array![[-1.0, 1.0], [0.0, 0.0]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError>;
+    fn layer_norm_plain<Eps>(&self, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Writes the layer normalisation of every row into `out`, which must
     /// have the shape of `self` (any layout). Allocates nothing when `self`
@@ -134,13 +139,16 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(out.abs_diff_eq(&array![[-1.22474, 0.0, 1.22474]], 1e-4));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_into(
+    fn layer_norm_into<P, Eps>(
         &self,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `(x - mean) / √(var + eps)` of every row into `out`, which
     /// must have the shape of `self`.
@@ -163,7 +171,13 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(out, array![-1.0, 1.0]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError>;
+    fn layer_norm_plain_into<Eps>(
+        &self,
+        out: &mut ArrayRef<A, D>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Replaces every row by its layer normalisation. Allocates nothing
     /// when `self` is in standard (row-major) layout and `gamma`, `beta`
@@ -189,12 +203,15 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(x.row(1).abs_diff_eq(&array![-1.5, 0.5], 1e-5));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_inplace(
+    fn layer_norm_inplace<P, Eps>(
         &mut self,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Replaces every row by `(x - mean) / √(var + eps)`.
     ///
@@ -214,111 +231,141 @@ pub trait LayerNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(x.abs_diff_eq(&array![[-1.3416, -0.4472, 0.4472, 1.3416]], 1e-4));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError>;
+    fn layer_norm_plain_inplace<Eps>(&mut self, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 }
 
 impl<A: NormScalar, D: Dimension> LayerNormExt<A, D> for ArrayRef<A, D> {
-    fn layer_norm(
+    fn layer_norm<P, Eps>(
         &self,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError> {
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows(self, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
+            A::layer_norm_rows(isa, io, rows, params.params(), eps)
         })
     }
 
-    fn layer_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
+    fn layer_norm_plain<Eps>(&self, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::row_length(self)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows(self, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
+            A::layer_norm_rows(isa, io, rows, plain.params(), eps)
         })
     }
 
-    fn layer_norm_into(
+    fn layer_norm_into<P, Eps>(
         &self,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         check::same_shape(self, out)?;
         let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows_into(self, out, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
+            A::layer_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn layer_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError> {
+    fn layer_norm_plain_into<Eps>(
+        &self,
+        out: &mut ArrayRef<A, D>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::row_length(self)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         check::same_shape(self, out)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
+            A::layer_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
 
-    fn layer_norm_inplace(
+    fn layer_norm_inplace<P, Eps>(
         &mut self,
-        gamma: &ArrayRef1<A>,
-        beta: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        gamma: &ArrayRef1<P>,
+        beta: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let args = AffineArgs::new(self, gamma, beta, eps)?;
         let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows_in_place(self, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
+            A::layer_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn layer_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
+    fn layer_norm_plain_inplace<Eps>(&mut self, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::row_length(self)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
+            A::layer_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
 }
 
 /// The validated arguments of the affine forms.
-struct AffineArgs<'a, A: Clone> {
+struct AffineArgs<'a, A: NormScalar> {
     d: usize,
-    gamma: Cow<'a, [A]>,
-    beta: Cow<'a, [A]>,
+    gamma: Cow<'a, [Wide<A>]>,
+    beta: Cow<'a, [Wide<A>]>,
     eps: f64,
 }
 
 impl<'a, A: NormScalar> AffineArgs<'a, A> {
     /// Checks in the order the errors are documented.
-    fn new<D: Dimension>(
+    fn new<D: Dimension, P, Eps>(
         x: &ArrayRef<A, D>,
-        gamma: &'a ArrayRef1<A>,
-        beta: &'a ArrayRef1<A>,
-        eps: A,
-    ) -> Result<Self, NormError> {
+        gamma: &'a ArrayRef1<P>,
+        beta: &'a ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<Self, NormError>
+    where
+        A: NormParam<P> + NormEps<Eps>,
+    {
         let d = check::row_length(x)?;
         Ok(AffineArgs {
             d,
-            gamma: check::feature_vector(Operand::Gamma, gamma, d)?,
-            beta: check::feature_vector(Operand::Beta, beta, d)?,
-            eps: check::eps(eps)?,
+            gamma: check::params::<A, _>(Operand::Gamma, gamma, d)?,
+            beta: check::params::<A, _>(Operand::Beta, beta, d)?,
+            eps: check::eps::<A, _>(eps)?,
         })
     }
 
     /// The parameters of a call over `elements` elements.
-    fn params(&self, elements: usize) -> CallParams<'_, A> {
+    fn params(&self, elements: usize) -> CallParams<'_, Wide<A>> {
         CallParams::new(
             Affine::ScaleShift(&self.gamma, &self.beta),
             self.d,

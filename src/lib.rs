@@ -141,7 +141,7 @@ mod stats;
 pub use crate::error::{NormError, Operand};
 pub use crate::layer_norm::LayerNormExt;
 pub use crate::rms_norm::RmsNormExt;
-pub use crate::scalar::NormScalar;
+pub use crate::scalar::{NormEps, NormParam, NormScalar};
 pub use crate::stats::RowStatsExt;
 
 pub use crate::backward::{
@@ -166,7 +166,7 @@ pub mod prelude {
     pub use crate::error::NormError;
     pub use crate::layer_norm::LayerNormExt;
     pub use crate::rms_norm::RmsNormExt;
-    pub use crate::scalar::NormScalar;
+    pub use crate::scalar::{NormEps, NormParam, NormScalar};
     pub use crate::stats::RowStatsExt;
 
     pub use crate::backward::{

@@ -5,8 +5,8 @@ use std::borrow::Cow;
 use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 
 use crate::error::{NormError, Operand};
-use crate::kernel::{self, Affine, CallParams};
-use crate::scalar::NormScalar;
+use crate::kernel::{Affine, CallParams};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, rows, sealed};
 
 /// Root-mean-square normalisation of every vector along the last axis of an
@@ -61,7 +61,10 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(y.abs_diff_eq(&array![[0.6325, -0.6325, 1.2649, -1.2649]], 1e-4));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError>;
+    fn rms_norm<P, Eps>(&self, gamma: &ArrayRef1<P>, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns `x / √(mean(x²) + eps)` of every row (RMSNorm without
     /// `gamma`), as a new array in standard layout.
@@ -85,7 +88,9 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(y.abs_diff_eq(&array![[3.0 / s, 4.0 / s], [0.0, 0.0]], 1e-15));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError>;
+    fn rms_norm_plain<Eps>(&self, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Writes the RMS normalisation of every row into `out`, which must have
     /// the shape of `self` (any layout). Allocates nothing when `self` and
@@ -113,12 +118,15 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(out.abs_diff_eq(&array![[0.3651, 0.7303, 1.0954, 1.4606]], 1e-4));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_into(
+    fn rms_norm_into<P, Eps>(
         &self,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `x / √(mean(x²) + eps)` of every row into `out`, which must
     /// have the shape of `self`.
@@ -141,7 +149,9 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!((out[0] - 0.8485281374238571).abs() < 1e-15);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError>;
+    fn rms_norm_plain_into<Eps>(&self, out: &mut ArrayRef<A, D>, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Replaces every row by its RMS normalisation. Allocates nothing when
     /// `self` is in standard (row-major) layout and `gamma` contiguous,
@@ -166,7 +176,10 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(x.abs_diff_eq(&array![[1.2649, -1.2649, 1.2649, -1.2649]], 1e-4));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_inplace(&mut self, gamma: &ArrayRef1<A>, eps: A) -> Result<(), NormError>;
+    fn rms_norm_inplace<P, Eps>(&mut self, gamma: &ArrayRef1<P>, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Replaces every row by `x / √(mean(x²) + eps)`.
     ///
@@ -186,68 +199,91 @@ pub trait RmsNormExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(x.abs_diff_eq(&array![1.0, -1.0], 1e-15));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError>;
+    fn rms_norm_plain_inplace<Eps>(&mut self, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 }
 
 impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
-    fn rms_norm(&self, gamma: &ArrayRef1<A>, eps: A) -> Result<Array<A, D>, NormError> {
+    fn rms_norm<P, Eps>(&self, gamma: &ArrayRef1<P>, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            A::rms_norm_rows(isa, io, rows, params.params(), eps)
         })
     }
 
-    fn rms_norm_plain(&self, eps: A) -> Result<Array<A, D>, NormError> {
+    fn rms_norm_plain<Eps>(&self, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::row_length(self)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
+            A::rms_norm_rows(isa, io, rows, plain.params(), eps)
         })
     }
 
-    fn rms_norm_into(
+    fn rms_norm_into<P, Eps>(
         &self,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef1<A>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        gamma: &ArrayRef1<P>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         check::same_shape(self, out)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            A::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn rms_norm_plain_into(&self, out: &mut ArrayRef<A, D>, eps: A) -> Result<(), NormError> {
+    fn rms_norm_plain_into<Eps>(&self, out: &mut ArrayRef<A, D>, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::row_length(self)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         check::same_shape(self, out)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
+            A::rms_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
 
-    fn rms_norm_inplace(&mut self, gamma: &ArrayRef1<A>, eps: A) -> Result<(), NormError> {
+    fn rms_norm_inplace<P, Eps>(&mut self, gamma: &ArrayRef1<P>, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = scale_args(self, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            A::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn rms_norm_plain_inplace(&mut self, eps: A) -> Result<(), NormError> {
+    fn rms_norm_plain_inplace<Eps>(&mut self, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::row_length(self)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
+            A::rms_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
@@ -255,12 +291,12 @@ impl<A: NormScalar, D: Dimension> RmsNormExt<A, D> for ArrayRef<A, D> {
 
 /// Validates the arguments of the forms with `gamma`, in the order the
 /// errors are documented.
-fn scale_args<'a, A: NormScalar, D: Dimension>(
+fn scale_args<'a, A: NormScalar + NormParam<P> + NormEps<Eps>, D: Dimension, P, Eps>(
     x: &ArrayRef<A, D>,
-    gamma: &'a ArrayRef1<A>,
-    eps: A,
-) -> Result<(usize, Cow<'a, [A]>, f64), NormError> {
+    gamma: &'a ArrayRef1<P>,
+    eps: Eps,
+) -> Result<(usize, Cow<'a, [Wide<A>]>, f64), NormError> {
     let d = check::row_length(x)?;
-    let gamma = check::feature_vector(Operand::Gamma, gamma, d)?;
-    Ok((d, gamma, check::eps(eps)?))
+    let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;
+    Ok((d, gamma, check::eps::<A, _>(eps)?))
 }

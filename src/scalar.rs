@@ -1,26 +1,40 @@
-//! The element types the crate accepts.
+//! The element types the crate accepts, and the kernels' view of them.
 
+use std::borrow::Cow;
 use std::fmt::{Debug, Display};
 
+use ndarray::{ArrayRef, Dimension};
 use num_traits::Float;
+
+use crate::check;
+use crate::error::NormError;
 
 use crate::kernel::simd::{Vector, LANES};
 use crate::kernel::Kernels;
 use crate::rows::{GatheredWalks, StridedWalks};
 
+#[cfg(feature = "half")]
+mod half;
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
+    #[cfg(feature = "half")]
+    impl Sealed for half::f16 {}
+    #[cfg(feature = "half")]
+    impl Sealed for half::bf16 {}
 }
 
-/// An element type the normalisations are defined for: `f32` or `f64`.
+/// An element type the normalisations are defined for: `f32` or `f64`, and
+/// with the `half` feature `half::f16` and `half::bf16`.
 ///
 /// All statistics are accumulated in `f64` whatever the element type, so an
-/// `f32` result carries a single rounding to `f32`, at the very end. The
-/// trait is sealed:
-/// the accuracy guarantees are proved for these two types only, so no other
-/// crate can implement it.
+/// `f32` result carries a single rounding to `f32`, at the very end. A half
+/// row is widened exactly to `f32` in cache and normalised by the `f32`
+/// kernels; its output is that `f32` result rounded to the half type. The
+/// trait is sealed: the accuracy guarantees are proved for these types
+/// only, so no other crate can implement it.
 ///
 /// # Examples
 ///
@@ -43,10 +57,16 @@ pub trait NormScalar:
     + Sync
     + 'static
     + sealed::Sealed
-    + Kernels<Self>
+    + Kernels
     + StridedWalks<Self>
     + GatheredWalks<Self>
+    + NormParam<Self>
+    + NormEps<Self>
 {
+    /// The type a layer keeps its `eps` in: the element type itself for
+    /// `f32` and `f64`, `f64` for the half types, whose own precision cannot
+    /// hold `1e-6`.
+    type Eps: Copy + Debug + PartialEq + Send + Sync + 'static;
     /// Converts to the accumulation type. Exact.
     #[doc(hidden)]
     fn widen(self) -> f64;
@@ -58,6 +78,86 @@ pub trait NormScalar:
     /// ulp of `hi`).
     #[doc(hidden)]
     fn narrow_sum(hi: f64, lo: f64) -> Self;
+    /// `eps` as a layer keeps it.
+    #[doc(hidden)]
+    fn kept_eps(eps: f64) -> Self::Eps;
+    /// A kept `eps`, exactly, in `f64`.
+    #[doc(hidden)]
+    fn kept_eps_value(eps: Self::Eps) -> f64;
+}
+
+/// `A: NormParam<P>`: inputs of element type `A` take `gamma` and `beta`
+/// of element type `P`. `P` is `A` itself, and for the half types also
+/// `f32` (mixed precision: half activations with `f32` parameters, widened
+/// exactly, never rounded to the half type). The gradients `dgamma` and
+/// `dbeta` come back in `P`.
+///
+/// The trait is sealed. Since it is implemented on the input's type, the
+/// parameters' type follows from the input's where only one fits:
+/// `x.layer_norm(&Array1::ones(d), &Array1::zeros(d), 1e-5)` on an `f32`
+/// array takes `f32` parameters.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::{array, Array1, Array2, ArrayRef2};
+/// use ndarray_layernorm::prelude::*;
+///
+/// fn scaled<A, P>(x: &ArrayRef2<A>, gamma: &Array1<P>) -> Result<Array2<A>, NormError>
+/// where
+///     A: NormScalar + NormParam<P>,
+/// {
+///     x.rms_norm(gamma, A::zero())
+/// }
+/// let y = scaled(&array![[3.0_f32, 4.0]], &array![1.0, 2.0])?;
+/// assert!(y.abs_diff_eq(&array![[0.8485, 2.2627]], 1e-4));
+/// # Ok::<(), NormError>(())
+/// ```
+pub trait NormParam<P>: sealed::Sealed {
+    /// The parameters `v` (of any shape) in logical order, as the kernels
+    /// of `Self` take them: borrowed where they already have that type and
+    /// layout, gathered or widened exactly otherwise.
+    #[doc(hidden)]
+    fn to_compute<E: Dimension>(v: &ArrayRef<P, E>) -> Result<Cow<'_, [Wide<Self>]>, NormError>
+    where
+        Self: Kernels;
+    /// Rounds an accumulated gradient to the parameters' type once.
+    #[doc(hidden)]
+    fn narrow_grad(value: f64) -> P;
+}
+
+/// `A: NormEps<E>`: inputs of element type `A` take `eps` as an `E`. `E` is
+/// `A` itself, and for the half types also `f32` and `f64`, so that `1e-6`
+/// (not representable in `f16`) means that value: a float literal is an
+/// `f64` for half inputs, and the input's own type for `f32` and `f64`.
+///
+/// The trait is sealed.
+///
+/// # Examples
+///
+/// ```
+/// use ndarray::array;
+/// use ndarray_layernorm::prelude::*;
+///
+/// let x = array![[1.0_f32, 2.0, 3.0]];
+/// let y = x.layer_norm_plain(1e-5)?; // an f32 eps for an f32 input
+/// # let _ = y;
+/// # Ok::<(), NormError>(())
+/// ```
+pub trait NormEps<E>: sealed::Sealed {
+    /// `eps`, exactly, in `f64`.
+    #[doc(hidden)]
+    fn eps_value(eps: E) -> f64;
+}
+
+/// The element type of the kernels that normalise rows of `A`: `A` itself
+/// for `f32` and `f64`, `f32` for the half types.
+pub(crate) type Wide<A> = <A as Kernels>::Compute;
+
+/// An element type the row kernels compute on directly (`f32`, `f64`):
+/// how its chunks move to and from the kernel vector.
+#[doc(hidden)]
+pub trait KernelScalar: NormScalar + Kernels<Compute = Self> {
     /// Loads a chunk into a kernel vector, widening exactly.
     #[doc(hidden)]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V;
@@ -72,7 +172,7 @@ pub trait NormScalar:
     /// last, partial chunk, rounding each once.
     #[doc(hidden)]
     fn store_partial<V: Vector>(value: V, tail: &mut [Self]);
-    /// Stores a kernel vector as [`NormScalar::store`] does, past the caches
+    /// Stores a kernel vector as [`KernelScalar::store`] does, past the caches
     /// where the vector type allows it.
     #[doc(hidden)]
     fn stream<V: Vector>(value: V, chunk: &mut [Self; LANES]);
@@ -84,7 +184,7 @@ pub trait NormScalar:
     /// rows of `d` elements, for every `j < d`, rounding each lane once.
     #[doc(hidden)]
     fn store_columns<V: Vector>(columns: &[V; LANES], rows: &mut [Self], d: usize);
-    /// Copies a square of [`NormScalar::SQUARE`] lines of as many elements
+    /// Copies a square of [`KernelScalar::SQUARE`] lines of as many elements
     /// (a cache line each), transposed: `src[i · src_lead + j]` to
     /// `dst[j · dst_lead + i]`.
     #[doc(hidden)]
@@ -95,12 +195,14 @@ pub trait NormScalar:
         dst_lead: usize,
     );
     /// Elements in a 64-byte cache line: the side of the squares of
-    /// [`NormScalar::transpose_square`].
+    /// [`KernelScalar::transpose_square`].
     #[doc(hidden)]
     const SQUARE: usize = 64 / size_of::<Self>();
 }
 
 impl NormScalar for f32 {
+    type Eps = f32;
+
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn widen(self) -> f64 {
         f64::from(self)
@@ -141,6 +243,15 @@ impl NormScalar for f32 {
             (true, false) => below,
         }
     }
+    fn kept_eps(eps: f64) -> Self {
+        eps as f32
+    }
+    fn kept_eps_value(eps: Self) -> f64 {
+        f64::from(eps)
+    }
+}
+
+impl KernelScalar for f32 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
         V::load_f32(chunk)
@@ -180,7 +291,24 @@ impl NormScalar for f32 {
     }
 }
 
+impl NormParam<f32> for f32 {
+    fn to_compute<E: Dimension>(v: &ArrayRef<Self, E>) -> Result<Cow<'_, [Self]>, NormError> {
+        check::logical_order(v)
+    }
+    fn narrow_grad(value: f64) -> Self {
+        Self::narrow(value)
+    }
+}
+
+impl NormEps<f32> for f32 {
+    fn eps_value(eps: Self) -> f64 {
+        f64::from(eps)
+    }
+}
+
 impl NormScalar for f64 {
+    type Eps = f64;
+
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn widen(self) -> f64 {
         self
@@ -193,6 +321,15 @@ impl NormScalar for f64 {
     fn narrow_sum(hi: f64, _lo: f64) -> Self {
         hi
     }
+    fn kept_eps(eps: f64) -> Self {
+        eps as f64
+    }
+    fn kept_eps_value(eps: Self) -> f64 {
+        f64::from(eps)
+    }
+}
+
+impl KernelScalar for f64 {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn load<V: Vector>(chunk: &[Self; LANES]) -> V {
         V::load_f64(chunk)
@@ -229,6 +366,21 @@ impl NormScalar for f64 {
         dst_lead: usize,
     ) {
         V::transpose_square_f64(src, src_lead, dst, dst_lead)
+    }
+}
+
+impl NormParam<f64> for f64 {
+    fn to_compute<E: Dimension>(v: &ArrayRef<Self, E>) -> Result<Cow<'_, [Self]>, NormError> {
+        check::logical_order(v)
+    }
+    fn narrow_grad(value: f64) -> Self {
+        Self::narrow(value)
+    }
+}
+
+impl NormEps<f64> for f64 {
+    fn eps_value(eps: Self) -> f64 {
+        f64::from(eps)
     }
 }
 

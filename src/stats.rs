@@ -5,7 +5,7 @@ use ndarray::{Array, ArrayD, ArrayRef, Axis, Dimension, RemoveAxis};
 use crate::error::NormError;
 use crate::kernel::Isa;
 use crate::scalar::NormScalar;
-use crate::{check, kernel, over, rows, sealed};
+use crate::{check, over, rows, sealed};
 
 /// Mean and root mean square of every vector along the last axis, or
 /// ([`stats_over`](RowStatsExt::stats_over)) of every subarray over the last
@@ -106,7 +106,7 @@ impl<A: NormScalar, D: Dimension> RowStatsExt<A, D> for ArrayRef<A, D> {
 
 /// The mean and the rms of one row, each rounded once.
 fn mean_and_rms<A: NormScalar>(isa: Isa, row: &[A]) -> (A, A) {
-    let stats = kernel::row_stats(isa, row);
+    let stats = A::row_stats(isa, row);
     (
         A::narrow_sum(stats.mean, stats.mean_rest),
         A::narrow(stats.rms),

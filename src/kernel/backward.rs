@@ -83,7 +83,7 @@ use std::marker::PhantomData;
 use super::islands::Island;
 use super::simd::{Portable, Vector, LANES};
 use super::{cache, widened_gain, Affine, Io};
-use crate::scalar::NormScalar;
+use crate::scalar::KernelScalar;
 
 /// One row's `x`, `dy` and gain (the gain padded to whole vectors).
 type RowInputs<'a, A> = (&'a [A], &'a [A], &'a [f64]);
@@ -114,7 +114,7 @@ impl RowCentring {
     };
 
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn from_centring<A: NormScalar>(x: &[A], centring: Centring, eps: f64) -> Self {
+    fn from_centring<A: KernelScalar>(x: &[A], centring: Centring, eps: f64) -> Self {
         match centring {
             Centring::Centred {
                 scale,
@@ -220,7 +220,7 @@ pub(crate) enum Gain<'a, A> {
     OnePlus(&'a [A]),
 }
 
-impl<'a, A: NormScalar> Gain<'a, A> {
+impl<'a, A: KernelScalar> Gain<'a, A> {
     /// [`widen_into`](Self::widen_into) a new vector.
     #[cfg(test)]
     pub(crate) fn widened(self) -> Vec<f64> {
@@ -472,19 +472,19 @@ impl ColumnSum {
         }
     }
 
-    /// The totals, each rounded once to `A`.
-    pub(crate) fn total<A: NormScalar>(&self) -> Vec<A> {
+    /// The totals, each rounded once by `narrow`.
+    pub(crate) fn total<G>(&self, narrow: impl Fn(f64) -> G) -> Vec<G> {
         self.high
             .iter()
             .zip(&self.low)
-            .map(|(&high, &low)| A::narrow(high + low))
+            .map(|(&high, &low)| narrow(high + low))
             .collect()
     }
 }
 
 /// LayerNorm of a block of rows into `y`, saving each row's statistics.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn layer_norm_train_block<A: NormScalar, V: Vector>(
+pub(super) fn layer_norm_train_block<A: KernelScalar, V: Vector>(
     x: &[A],
     y: &mut [A],
     d: usize,
@@ -516,7 +516,7 @@ pub(super) fn layer_norm_train_block<A: NormScalar, V: Vector>(
 
 /// RMSNorm of a block of rows into `y`, saving each row's statistics.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_norm_train_block<A: NormScalar, V: Vector>(
+pub(super) fn rms_norm_train_block<A: KernelScalar, V: Vector>(
     x: &[A],
     y: &mut [A],
     d: usize,
@@ -631,7 +631,7 @@ type RowSums<V> = ((BlockedSum<V>, BlockedSum<V>), BlockedSum<V>);
 /// adds stores of its own, however small it is (PERFORMANCE.md, "Tried and
 /// left out").
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUARES: bool>(
+fn pass_a<A: KernelScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUARES: bool>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     deviate: E,
     ahead: RowAhead,
@@ -656,7 +656,7 @@ fn pass_a<A: NormScalar, V: Vector, E: Deviate<V>, const G_SUM: bool, const SQUA
     }
     /// The last, partial chunk's `(e, dy, gain)`.
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn tail_values<A: NormScalar, V: Vector, E: Deviate<V>>(
+    fn tail_values<A: KernelScalar, V: Vector, E: Deviate<V>>(
         (x, dy, gain): (&[A], &[A], &[f64; LANES]),
         deviate: E,
     ) -> (V, V, V) {
@@ -788,7 +788,7 @@ fn dx_factor(inv: f64, scale: f64) -> (f64, Option<f64>) {
 /// [`pass_b`] with `gradient`, and with the scale `last` of [`dx_factor`]
 /// applied after it where there is one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn scaled_pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
+fn scaled_pass_b<A: KernelScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     ahead: RowAhead,
@@ -892,7 +892,7 @@ fn prefetch<A, S: Store>(ahead: RowAhead, x: &[A; LANES], dy: &[A; LANES], dx: &
 /// kept in `partials` where [`backward_rows`] joins them into one line
 /// ([`SharedLine`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
+fn pass_b<A: KernelScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
     ahead: RowAhead,
@@ -940,7 +940,7 @@ fn pass_b<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
 /// [`pass_b`] from the first element that starts a vector, whole vectors
 /// of `dx` stored by `S`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn pass_b_body<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
+fn pass_b_body<A: KernelScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store>(
     (x, dy, gain): (&[A], &[A], &[f64]),
     dx: &mut [A],
     ahead: RowAhead,
@@ -992,7 +992,7 @@ fn pass_b_body<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>, S: Store
 /// `0 · n` could be NaN (`n` is infinite for `x = 0` on a constant row of
 /// huge values with a tiny `eps`).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn partial_vector<A: NormScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
+fn partial_vector<A: KernelScalar, V: Vector, E: Deviate<V>, G: Gradient<V>>(
     (x, dy, gain): (&[A], &[A], &[f64; LANES]),
     (dgamma, dbeta): (&mut [f64; LANES], &mut [f64; LANES]),
     deviate: E,
@@ -1029,7 +1029,7 @@ fn accumulate<V: Vector, G: Gradient<V>>(
 /// `inputs`): writes `dx` and adds each row's `dy ⊙ n` and `dy` to
 /// `partials` in row order.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
+pub(super) fn layer_norm_backward_block<A: KernelScalar, V: Vector>(
     inputs: Inputs<'_, A>,
     dx: &mut [A],
     saved: Saved<'_, RowCentring>,
@@ -1042,7 +1042,7 @@ pub(super) fn layer_norm_backward_block<A: NormScalar, V: Vector>(
 /// the kind of store for `dx` chosen once per block, so that each row loop
 /// is compiled for one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn backward_block<A: NormScalar, V: Vector, T: BackwardRow>(
+fn backward_block<A: KernelScalar, V: Vector, T: BackwardRow>(
     inputs: Inputs<'_, A>,
     dx: &mut [A],
     saved: Saved<'_, T>,
@@ -1064,7 +1064,7 @@ fn backward_block<A: NormScalar, V: Vector, T: BackwardRow>(
 trait BackwardRow: Copy {
     /// Backward of row `index` of a block, with its statistics `saved` or
     /// computed.
-    fn backward_row<A: NormScalar, V: Vector, S: Store>(
+    fn backward_row<A: KernelScalar, V: Vector, S: Store>(
         saved: Saved<'_, Self>,
         index: usize,
         row: (&[A], &[A], &[f64]),
@@ -1076,7 +1076,7 @@ trait BackwardRow: Copy {
     fn scale(self) -> f64;
     /// Backward of a row from these statistics, its data multiplied by
     /// [`BackwardRow::scale`] if `SCALED` (which must be [`is_scaled`] of it).
-    fn backward_from_saved<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+    fn backward_from_saved<A: KernelScalar, V: Vector, S: Store, const SCALED: bool>(
         self,
         row: RowInputs<'_, A>,
         dx: &mut [A],
@@ -1087,7 +1087,7 @@ trait BackwardRow: Copy {
 
 impl BackwardRow for RowCentring {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn backward_row<A: NormScalar, V: Vector, S: Store>(
+    fn backward_row<A: KernelScalar, V: Vector, S: Store>(
         saved: Saved<'_, Self>,
         index: usize,
         row: (&[A], &[A], &[f64]),
@@ -1110,7 +1110,7 @@ impl BackwardRow for RowCentring {
         self.scale
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn backward_from_saved<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+    fn backward_from_saved<A: KernelScalar, V: Vector, S: Store, const SCALED: bool>(
         self,
         row: RowInputs<'_, A>,
         dx: &mut [A],
@@ -1125,7 +1125,7 @@ impl BackwardRow for RowCentring {
 
 impl BackwardRow for RowScaling {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn backward_row<A: NormScalar, V: Vector, S: Store>(
+    fn backward_row<A: KernelScalar, V: Vector, S: Store>(
         saved: Saved<'_, Self>,
         index: usize,
         row: (&[A], &[A], &[f64]),
@@ -1146,7 +1146,7 @@ impl BackwardRow for RowScaling {
         self.scale
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn backward_from_saved<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+    fn backward_from_saved<A: KernelScalar, V: Vector, S: Store, const SCALED: bool>(
         self,
         row: RowInputs<'_, A>,
         dx: &mut [A],
@@ -1165,7 +1165,7 @@ impl BackwardRow for RowScaling {
 /// ([`SharedLine`]); the block's first head and last tail, whose lines it
 /// shares with other blocks, are stored by pass B.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn backward_rows<A: NormScalar, V: Vector, S: Store, T: BackwardRow>(
+fn backward_rows<A: KernelScalar, V: Vector, S: Store, T: BackwardRow>(
     inputs: Inputs<'_, A>,
     dx: &mut [A],
     saved: Saved<'_, T>,
@@ -1216,7 +1216,7 @@ fn backward_rows<A: NormScalar, V: Vector, S: Store, T: BackwardRow>(
 // would outgrow a test thread's stack. Optimised builds inline everything.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
+fn layer_norm_backward_row<A: KernelScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
@@ -1252,7 +1252,7 @@ fn layer_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
 /// Backward of one row from its saved statistics `stats`, in its
 /// [island](FromSaved).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn backward_saved<A: NormScalar, V: Vector, S: Store, T: BackwardRow>(
+fn backward_saved<A: KernelScalar, V: Vector, S: Store, T: BackwardRow>(
     row: RowInputs<'_, A>,
     dx: &mut [A],
     stats: T,
@@ -1269,7 +1269,7 @@ fn backward_saved<A: NormScalar, V: Vector, S: Store, T: BackwardRow>(
 /// compiled for it.
 struct FromSaved<A, S, T>(PhantomData<(A, S, T)>);
 
-impl<A: NormScalar, S: Store, T: BackwardRow> Island for FromSaved<A, S, T> {
+impl<A: KernelScalar, S: Store, T: BackwardRow> Island for FromSaved<A, S, T> {
     type Args<'a> = (RowInputs<'a, A>, &'a mut [A], T, RowAhead, &'a mut Partials);
     type Output = ();
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -1284,7 +1284,7 @@ impl<A: NormScalar, S: Store, T: BackwardRow> Island for FromSaved<A, S, T> {
 
 /// [`BackwardRow::backward_from_saved`] of a rescaled row, on the portable path.
 #[inline(never)]
-fn rescaled_from_saved<A: NormScalar, S: Store, T: BackwardRow>(
+fn rescaled_from_saved<A: KernelScalar, S: Store, T: BackwardRow>(
     row: RowInputs<'_, A>,
     dx: &mut [A],
     stats: T,
@@ -1295,7 +1295,7 @@ fn rescaled_from_saved<A: NormScalar, S: Store, T: BackwardRow>(
 }
 
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn layer_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+fn layer_norm_pass_b<A: KernelScalar, V: Vector, S: Store, const SCALED: bool>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowCentring,
@@ -1354,7 +1354,7 @@ fn mean_over(total: f64, d: usize) -> f64 {
 /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
 /// `dy ⊙ n` to `partials.dgamma` in row order.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
+pub(super) fn rms_norm_backward_block<A: KernelScalar, V: Vector>(
     inputs: Inputs<'_, A>,
     dx: &mut [A],
     saved: Saved<'_, RowScaling>,
@@ -1369,7 +1369,7 @@ pub(super) fn rms_norm_backward_block<A: NormScalar, V: Vector>(
 // See `layer_norm_backward_row`.
 #[cfg_attr(debug_assertions, inline(never))]
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
+fn rms_norm_backward_row<A: KernelScalar, V: Vector, S: Store>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     eps: f64,
@@ -1402,7 +1402,7 @@ fn rms_norm_backward_row<A: NormScalar, V: Vector, S: Store>(
 }
 
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn rms_norm_pass_b<A: NormScalar, V: Vector, S: Store, const SCALED: bool>(
+fn rms_norm_pass_b<A: KernelScalar, V: Vector, S: Store, const SCALED: bool>(
     row: (&[A], &[A], &[f64]),
     dx: &mut [A],
     stats: RowScaling,
@@ -1471,7 +1471,7 @@ mod tests {
         for v in [1e16, 1.0, -1e16, 1.0] {
             sum.add(&[v]);
         }
-        assert_eq!(sum.total::<f64>(), vec![2.0]);
+        assert_eq!(sum.total(|v| v), vec![2.0]);
     }
 
     #[test]

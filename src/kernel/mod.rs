@@ -14,6 +14,8 @@
 
 pub(crate) mod backward;
 pub(crate) mod cache;
+#[cfg(feature = "half")]
+mod half;
 mod islands;
 mod params;
 mod portable;
@@ -25,7 +27,7 @@ mod x86;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::scalar::NormScalar;
+use crate::scalar::{KernelScalar, NormScalar};
 use backward::{Inputs, Partials, RowCentring, RowScaling, Saved};
 pub(crate) use params::{CallParams, Params};
 
@@ -275,21 +277,25 @@ pub(crate) struct RowStats {
 
 /// Declares the kernel entry points. Each is compiled here, once per
 /// element type, as a method of [`Kernels`] that dispatches on the
-/// [`Isa`]; the generic function of the same name that the rest of the
-/// crate calls only forwards to it, so that a crate calling the generic
-/// API never compiles a kernel itself.
+/// [`Isa`], so that a crate calling the generic API never compiles a
+/// kernel itself. In the signatures, `Self` is the element type and
+/// `Self::Compute` the type of the parameters the kernels read.
 macro_rules! kernels {
     ($(
         $(#[$doc:meta])*
         fn $name:ident in $module:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;
     )*) => {
-        /// The kernel entry points of the element type `A` (see [`kernels!`]).
+        /// The kernel entry points of an element type (see [`kernels!`]).
         ///
         /// A supertrait of the sealed [`NormScalar`]: it must be public for
         /// that, but its signatures use crate-private types, so no other
         /// crate can call or implement it.
         #[allow(private_interfaces)]
-        pub trait Kernels<A> {
+        pub trait Kernels: Sized {
+            /// The type the kernels compute on: the element type itself for
+            /// `f32` and `f64`; `f32` for the half types, whose rows are
+            /// widened to it in cache.
+            type Compute: KernelScalar;
             $(
                 $(#[$doc])*
                 fn $name(isa: Isa, $($arg: $ty),*) $(-> $ret)?;
@@ -298,14 +304,6 @@ macro_rules! kernels {
 
         kernels!(@impl f32_kernels f32, $($name in $module ($($arg: $ty),*) $(-> $ret)?;)*);
         kernels!(@impl f64_kernels f64, $($name in $module ($($arg: $ty),*) $(-> $ret)?;)*);
-
-        $(
-            $(#[$doc])*
-            #[inline]
-            pub(crate) fn $name<A: NormScalar>(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
-                <A as Kernels<A>>::$name(isa, $($arg),*)
-            }
-        )*
     };
     (@impl $types:ident $elem:ty, $($name:ident in $module:ident ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
         mod $types {
@@ -314,7 +312,8 @@ macro_rules! kernels {
             type A = $elem;
 
             #[allow(private_interfaces)]
-            impl Kernels<A> for A {
+            impl Kernels for A {
+                type Compute = A;
             $(
                 #[inline(never)]
                 fn $name(isa: Isa, $($arg: $ty),*) $(-> $ret)? {
@@ -338,55 +337,55 @@ macro_rules! kernels {
 
 kernels! {
     /// LayerNorm of `rows` consecutive rows (a block of a contiguous array).
-    fn layer_norm_rows in portable(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
+    fn layer_norm_rows in portable(io: Io<'_, Self>, rows: usize, params: Params<'_, Self::Compute>, eps: f64);
     /// RMSNorm of `rows` consecutive rows (a block of a contiguous array).
-    fn rms_norm_rows in portable(io: Io<'_, A>, rows: usize, params: Params<'_, A>, eps: f64);
+    fn rms_norm_rows in portable(io: Io<'_, Self>, rows: usize, params: Params<'_, Self::Compute>, eps: f64);
     /// [`RowStats`] of one (non-empty) row.
-    fn row_stats in portable(x: &[A]) -> RowStats;
+    fn row_stats in portable(x: &[Self]) -> RowStats;
     /// `dst[j · dst_lead + i] = src[i · src_lead + j]` for `i < lines`,
     /// `j < length`: see [`transpose::transpose_lines`].
     fn transpose_lines in transpose(
-        src: &[A],
+        src: &[Self],
         src_lead: usize,
-        dst: &mut [A],
+        dst: &mut [Self],
         dst_lead: usize,
         lines: usize,
         length: usize,
     );
     /// LayerNorm of a block of rows of length `d` (`x` and `y` of the same
-    /// length), with the bits of [`layer_norm_rows`], saving each row's
-    /// statistics in `stats` (one entry per row).
+    /// length), with the bits of [`Kernels::layer_norm_rows`], saving each
+    /// row's statistics in `stats` (one entry per row).
     fn layer_norm_train_block in backward(
-        x: &[A],
-        y: &mut [A],
+        x: &[Self],
+        y: &mut [Self],
         d: usize,
-        affine: Affine<'_, A>,
+        affine: Affine<'_, Self::Compute>,
         eps: f64,
         stats: &mut [RowCentring],
     );
     /// RMSNorm of a block of rows of length `d`, with the bits of
-    /// [`rms_norm_rows`], saving each row's statistics in `stats`.
+    /// [`Kernels::rms_norm_rows`], saving each row's statistics in `stats`.
     fn rms_norm_train_block in backward(
-        x: &[A],
-        y: &mut [A],
+        x: &[Self],
+        y: &mut [Self],
         d: usize,
-        affine: Affine<'_, A>,
+        affine: Affine<'_, Self::Compute>,
         eps: f64,
         stats: &mut [RowScaling],
     );
     /// LayerNorm backward of a block of rows: writes `dx` and adds each
     /// row's `dy ⊙ n` and `dy` to `partials`, in row order.
     fn layer_norm_backward_block in backward(
-        inputs: Inputs<'_, A>,
-        dx: &mut [A],
+        inputs: Inputs<'_, Self>,
+        dx: &mut [Self],
         saved: Saved<'_, RowCentring>,
         partials: &mut Partials,
     );
     /// RMSNorm backward of a block of rows: writes `dx` and adds each row's
     /// `dy ⊙ n` to `partials.dgamma`, in row order.
     fn rms_norm_backward_block in backward(
-        inputs: Inputs<'_, A>,
-        dx: &mut [A],
+        inputs: Inputs<'_, Self>,
+        dx: &mut [Self],
         saved: Saved<'_, RowScaling>,
         partials: &mut Partials,
     );
@@ -417,7 +416,7 @@ mod tests {
         rows
     }
 
-    fn assert_same_bits<A: NormScalar>(a: &[A], b: &[A], what: &str) {
+    fn assert_same_bits<A: KernelScalar>(a: &[A], b: &[A], what: &str) {
         let equal = a
             .iter()
             .zip(b)
@@ -425,13 +424,13 @@ mod tests {
         assert!(equal, "{what}: {a:?} vs {b:?}");
     }
 
-    fn check_all_paths<A: NormScalar>(row: &[A]) {
+    fn check_all_paths<A: KernelScalar>(row: &[A]) {
         let d = row.len();
         let gamma: Vec<A> = (0..d).map(|i| A::narrow(0.5 + i as f64 / 7.0)).collect();
         let beta: Vec<A> = (0..d).map(|i| A::narrow(i as f64 / 3.0 - 1.0)).collect();
         let run = |isa: Isa| {
             let mut ln = vec![A::zero(); d];
-            layer_norm_rows(
+            A::layer_norm_rows(
                 isa,
                 Io::Copy {
                     input: row,
@@ -443,8 +442,8 @@ mod tests {
             );
             let mut rms = row.to_vec();
             let gain = Affine::Scale(&gamma).into();
-            rms_norm_rows(isa, Io::InPlace(&mut rms), 1, gain, 0.0);
-            (ln, rms, row_stats(isa, row))
+            A::rms_norm_rows(isa, Io::InPlace(&mut rms), 1, gain, 0.0);
+            (ln, rms, A::row_stats(isa, row))
         };
         let baseline = run(Isa::Portable);
         for isa in Isa::available() {
@@ -541,7 +540,7 @@ mod tests {
         }
     }
 
-    fn check_blocks<A: NormScalar>(values: &[f64], rows: usize, d: usize) {
+    fn check_blocks<A: KernelScalar>(values: &[f64], rows: usize, d: usize) {
         let x: Vec<A> = values.iter().map(|&v| A::narrow(v)).collect();
         let gamma: Vec<A> = (0..d).map(|i| A::narrow(0.5 + i as f64 / 7.0)).collect();
         let beta: Vec<A> = (0..d).map(|i| A::narrow(i as f64 / 3.0 - 1.0)).collect();
@@ -552,7 +551,7 @@ mod tests {
                 let call = CallParams::new(Affine::ScaleShift(&gamma, &beta), d, x.len());
                 let (params, affine) = (call.params(), Affine::ScaleShift(&gamma, &beta).into());
                 let mut block = vec![A::zero(); x.len()];
-                layer_norm_rows(
+                A::layer_norm_rows(
                     isa,
                     Io::Copy {
                         input: &x,
@@ -563,10 +562,10 @@ mod tests {
                     eps,
                 );
                 let mut in_place = x.clone();
-                layer_norm_rows(isa, Io::InPlace(&mut in_place), rows, params, eps);
+                A::layer_norm_rows(isa, Io::InPlace(&mut in_place), rows, params, eps);
                 let mut one_by_one = vec![A::zero(); x.len()];
                 for (input, output) in x.chunks(d).zip(one_by_one.chunks_mut(d)) {
-                    layer_norm_rows(isa, Io::Copy { input, output }, 1, affine, eps);
+                    A::layer_norm_rows(isa, Io::Copy { input, output }, 1, affine, eps);
                 }
                 assert_same_bits(
                     &block,
@@ -582,7 +581,7 @@ mod tests {
                     let mut buffer = vec![guard; end + LANES];
                     let output = &mut buffer[offset..end];
                     let io = Io::Stream { input: &x, output };
-                    layer_norm_rows(isa, io, rows, params, eps);
+                    A::layer_norm_rows(isa, io, rows, params, eps);
                     let what = format!("streamed {isa:?} d {d} offset {offset}");
                     assert_same_bits(&buffer[offset..end], &one_by_one, &what);
                     let mut guards = buffer[..offset].iter().chain(&buffer[end..]);
@@ -592,7 +591,7 @@ mod tests {
                 let mut input = x.clone();
                 input.extend(std::iter::repeat_n(guard, LANES));
                 let (copied, in_place) = (&mut buffer[..x.len()], &mut input[..x.len()]);
-                layer_norm_rows(
+                A::layer_norm_rows(
                     isa,
                     Io::Copy {
                         input: &x,
@@ -602,7 +601,7 @@ mod tests {
                     params,
                     eps,
                 );
-                layer_norm_rows(isa, Io::InPlace(in_place), rows, params, eps);
+                A::layer_norm_rows(isa, Io::InPlace(in_place), rows, params, eps);
                 let what = format!("layer_norm_rows {isa:?} d {d}");
                 assert_same_bits(&buffer[..x.len()], &one_by_one, &what);
                 assert_same_bits(&input[..x.len()], &one_by_one, &what);
@@ -612,7 +611,7 @@ mod tests {
                 for gain in [Affine::Scale(&gamma[..]), Affine::OnePlus(&gamma[..])] {
                     let call = CallParams::new(gain, d, x.len());
                     let mut block = vec![A::zero(); x.len()];
-                    rms_norm_rows(
+                    A::rms_norm_rows(
                         isa,
                         Io::Copy {
                             input: &x,
@@ -624,12 +623,12 @@ mod tests {
                     );
                     let mut one_by_one = vec![A::zero(); x.len()];
                     for (input, output) in x.chunks(d).zip(one_by_one.chunks_mut(d)) {
-                        rms_norm_rows(isa, Io::Copy { input, output }, 1, gain.into(), eps);
+                        A::rms_norm_rows(isa, Io::Copy { input, output }, 1, gain.into(), eps);
                     }
                     let what = format!("rms_norm_rows {isa:?} d {d}");
                     assert_same_bits(&block, &one_by_one, &what);
                     let mut in_place = x.clone();
-                    rms_norm_rows(isa, Io::InPlace(&mut in_place), rows, call.params(), eps);
+                    A::rms_norm_rows(isa, Io::InPlace(&mut in_place), rows, call.params(), eps);
                     let what = format!("rms in place {isa:?} d {d}");
                     assert_same_bits(&in_place, &one_by_one, &what);
                     let end = 3 + x.len();
@@ -638,7 +637,7 @@ mod tests {
                         input: &x,
                         output: &mut buffer[3..end],
                     };
-                    rms_norm_rows(isa, io, rows, call.params(), eps);
+                    A::rms_norm_rows(isa, io, rows, call.params(), eps);
                     let what = format!("streamed rms {isa:?} d {d}");
                     assert_same_bits(&buffer[3..end], &one_by_one, &what);
                     let mut guards = buffer[..3].iter().chain(&buffer[end..]);
@@ -699,7 +698,7 @@ mod tests {
         dbeta: Vec<u64>,
     }
 
-    fn bits_of<A: NormScalar>(values: &[A]) -> Vec<u64> {
+    fn bits_of<A: KernelScalar>(values: &[A]) -> Vec<u64> {
         values.iter().map(|v| v.widen().to_bits()).collect()
     }
 
@@ -711,7 +710,7 @@ mod tests {
     /// buffer between guard values, which must stay as they were, with the
     /// partials started as the row walk starts them; the bits of `dx`, `dγ`
     /// and `dβ`.
-    fn backward_bits<A: NormScalar>(
+    fn backward_bits<A: KernelScalar>(
         inputs: Inputs<'_, A>,
         offset: usize,
         kernel: &BackwardKernel<'_, A>,
@@ -741,7 +740,7 @@ mod tests {
     /// instruction set: the forward passes that save statistics, and the
     /// backward passes from saved and from recomputed statistics, with both
     /// kinds of gain.
-    fn run_training<A: NormScalar>(isa: Isa, block: &[A], d: usize, eps: f64) -> TrainingBits {
+    fn run_training<A: KernelScalar>(isa: Isa, block: &[A], d: usize, eps: f64) -> TrainingBits {
         let rows = block.len() / d;
         let gamma: Vec<A> = (0..d).map(|i| A::narrow(0.5 + i as f64 / 7.0)).collect();
         let beta: Vec<A> = (0..d).map(|i| A::narrow(i as f64 / 3.0 - 1.0)).collect();
@@ -758,12 +757,12 @@ mod tests {
         let mut y = vec![A::zero(); block.len()];
         let mut centring = vec![RowCentring::NOT_FINITE; rows];
         let affine = Affine::ScaleShift(&gamma, &beta);
-        layer_norm_train_block(isa, block, &mut y, d, affine, eps, &mut centring);
+        A::layer_norm_train_block(isa, block, &mut y, d, affine, eps, &mut centring);
         bits.forward.extend(bits_of(&y));
         bits.stats.extend(centring.iter().flat_map(|s| s.to_bits()));
         let mut scaling = vec![RowScaling::NOT_FINITE; rows];
         for affine in [Affine::Scale(&gamma[..]), Affine::OnePlus(&gamma)] {
-            rms_norm_train_block(isa, block, &mut y, d, affine, eps, &mut scaling);
+            A::rms_norm_train_block(isa, block, &mut y, d, affine, eps, &mut scaling);
             bits.forward.extend(bits_of(&y));
             bits.stats.extend(scaling.iter().flat_map(|s| s.to_bits()));
         }
@@ -815,7 +814,7 @@ mod tests {
             let gain = gain.widened();
             for saved in [Saved::Compute(eps), Saved::Rows(&centring)] {
                 let kernel = |inputs: Inputs<'_, A>, dx: &mut [A], partials: &mut Partials| {
-                    layer_norm_backward_block(isa, inputs, dx, saved, partials);
+                    A::layer_norm_backward_block(isa, inputs, dx, saved, partials);
                 };
                 grads(
                     &mut bits,
@@ -826,7 +825,7 @@ mod tests {
             }
             for saved in [Saved::Compute(eps), Saved::Rows(&scaling)] {
                 let kernel = |inputs: Inputs<'_, A>, dx: &mut [A], partials: &mut Partials| {
-                    rms_norm_backward_block(isa, inputs, dx, saved, partials);
+                    A::rms_norm_backward_block(isa, inputs, dx, saved, partials);
                 };
                 grads(
                     &mut bits,
@@ -871,7 +870,7 @@ mod tests {
 
     /// Every instruction set copies every element to its transposed place,
     /// squares and edges alike, and leaves the rest of `dst` alone.
-    fn check_transpose<A: NormScalar>() {
+    fn check_transpose<A: KernelScalar>() {
         for (lines, length) in [
             (1, 1),
             (3, 5),
@@ -892,7 +891,7 @@ mod tests {
                 let sentinel = A::narrow(-1.0);
                 for isa in Isa::available() {
                     let mut dst = vec![sentinel; length * dst_lead];
-                    transpose_lines(isa, &src, src_lead, &mut dst, dst_lead, lines, length);
+                    A::transpose_lines(isa, &src, src_lead, &mut dst, dst_lead, lines, length);
                     for (k, &value) in dst.iter().enumerate() {
                         let (j, i) = (k / dst_lead, k % dst_lead);
                         let expected = if i < lines {

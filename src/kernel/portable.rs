@@ -57,7 +57,7 @@ use super::cache::{self, Ahead};
 use super::short::{self, SHORT_ROW};
 use super::simd::{Arith, Vector, LANES};
 use super::{Affine, Io, Params, RowStats};
-use crate::scalar::NormScalar;
+use crate::scalar::KernelScalar;
 
 /// Below this, a sum of squares may hold subnormal squares and so lose
 /// relative accuracy.
@@ -122,9 +122,9 @@ fn tiny_mean_scale(magnitude: f64) -> f64 {
 
 /// How a chunk is read: as is, or times an exact power of two.
 trait Load: Copy {
-    fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V;
+    fn load<A: KernelScalar, V: Vector>(self, chunk: &[A; LANES]) -> V;
     /// A row's last, partial chunk, the other lanes zero.
-    fn load_partial<A: NormScalar, V: Vector>(self, tail: &[A]) -> V;
+    fn load_partial<A: KernelScalar, V: Vector>(self, tail: &[A]) -> V;
 }
 
 #[derive(Clone, Copy)]
@@ -132,11 +132,11 @@ struct Unscaled;
 
 impl Load for Unscaled {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
+    fn load<A: KernelScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
         A::load(chunk)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load_partial<A: NormScalar, V: Vector>(self, tail: &[A]) -> V {
+    fn load_partial<A: KernelScalar, V: Vector>(self, tail: &[A]) -> V {
         A::load_partial(tail)
     }
 }
@@ -146,11 +146,11 @@ struct Scaled(f64);
 
 impl Load for Scaled {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load<A: NormScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
+    fn load<A: KernelScalar, V: Vector>(self, chunk: &[A; LANES]) -> V {
         A::load::<V>(chunk) * V::splat(self.0)
     }
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load_partial<A: NormScalar, V: Vector>(self, tail: &[A]) -> V {
+    fn load_partial<A: KernelScalar, V: Vector>(self, tail: &[A]) -> V {
         A::load_partial::<V>(tail) * V::splat(self.0)
     }
 }
@@ -273,7 +273,7 @@ pub(super) const BLOCK: usize = 8;
 /// [`BLOCK`] vectors), and is a block of its own otherwise: a row of 100
 /// elements is one block, one flush.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn fold_row<A: NormScalar, V: Vector, L: Load, F: Fold<V>>(
+fn fold_row<A: KernelScalar, V: Vector, L: Load, F: Fold<V>>(
     x: &[A],
     load: L,
     init: F::State,
@@ -623,7 +623,7 @@ impl Spread {
 }
 
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn spread<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> Spread {
+fn spread<A: KernelScalar, V: Vector, L: Load>(x: &[A], load: L) -> Spread {
     let init = (CompensatedSum::<V>::new(), (Least::new(), Most::new()));
     let (sum, (min, max)) = fold_row(x, load, init, SpreadFold);
     Spread {
@@ -680,7 +680,7 @@ impl<V: Vector> Fold<V> for SpreadFold {
 /// adder that bounds the `f32` backward pass computing its statistics
 /// (PERFORMANCE.md, "Plain sums where they are exact").
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn exact_spread_of_single_precision<A: NormScalar, V: Vector>(x: &[A]) -> Option<Spread> {
+fn exact_spread_of_single_precision<A: KernelScalar, V: Vector>(x: &[A]) -> Option<Spread> {
     if size_of::<A>() != size_of::<f32>() {
         return None;
     }
@@ -843,12 +843,16 @@ impl<V: Vector> Fold<V> for CentredSquares<V> {
 /// `Σ ((xᵢ - base) - shift)²` of an unscaled row, as [`exact_centring`]
 /// sums it when the short variance formula would cancel.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn centred_square_sum<A: NormScalar, V: Vector>(x: &[A], base: f64, shift: f64) -> f64 {
+pub(super) fn centred_square_sum<A: KernelScalar, V: Vector>(
+    x: &[A],
+    base: f64,
+    shift: f64,
+) -> f64 {
     centred_square_sum_with::<A, V, _>(x, Unscaled, base, shift)
 }
 
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn centred_square_sum_with<A: NormScalar, V: Vector, L: Load>(
+fn centred_square_sum_with<A: KernelScalar, V: Vector, L: Load>(
     x: &[A],
     load: L,
     base: f64,
@@ -878,7 +882,7 @@ impl<V: Vector> Fold<V> for Squares {
 }
 
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn square_sum<A: NormScalar, V: Vector, L: Load>(x: &[A], load: L) -> f64 {
+fn square_sum<A: KernelScalar, V: Vector, L: Load>(x: &[A], load: L) -> f64 {
     fold_row(x, load, BlockedSum::<V>::new(), Squares).plain_total()
 }
 
@@ -916,11 +920,11 @@ impl<V: Vector> Fold<V> for StatsFold {
     }
 }
 
-fn max_abs<A: NormScalar>(x: &[A]) -> f64 {
+fn max_abs<A: KernelScalar>(x: &[A]) -> f64 {
     x.iter().fold(0.0, |m: f64, &v| m.max(v.widen().abs()))
 }
 
-fn all_finite<A: NormScalar>(x: &[A]) -> bool {
+fn all_finite<A: KernelScalar>(x: &[A]) -> bool {
     x.iter().all(|v| v.is_finite())
 }
 
@@ -986,7 +990,7 @@ pub(super) enum Centring {
 
 /// LayerNorm statistics of one row (`x` non-empty).
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+pub(super) fn centring<A: KernelScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
     if x.len() <= SHORT_ROW {
         if let Some(centring) = short::centring(x, eps) {
             return centring;
@@ -1032,7 +1036,7 @@ const UNIT_ROUNDOFF: f64 = f64::EPSILON / 2.0;
 /// sum of non-negative terms in each lane, then the lane tree), stays far
 /// below `f32` precision.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
+pub(super) fn single_precision_centring<A: KernelScalar, V: Vector>(
     x: &[A],
     eps: f64,
 ) -> Option<Centring> {
@@ -1091,7 +1095,7 @@ pub(super) fn single_precision_centring<A: NormScalar, V: Vector>(
 
 /// LayerNorm statistics with the exact mean split of the module docs.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn exact_centring<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
+pub(super) fn exact_centring<A: KernelScalar, V: Vector>(x: &[A], eps: f64) -> Centring {
     match centring_first_pass::<A, V>(x, eps) {
         FirstPass::Finished(centring) => centring,
         FirstPass::Deviations { mean, magnitude } => {
@@ -1124,7 +1128,7 @@ pub(super) enum FirstPass {
 /// [`TINY_MAGNITUDE`] to [`HUGE_MAGNITUDE`] or its mean is far below it,
 /// [`mean_needs_rescaling`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn centring_first_pass<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
+pub(super) fn centring_first_pass<A: KernelScalar, V: Vector>(x: &[A], eps: f64) -> FirstPass {
     let spread_ = exact_spread_of_single_precision::<A, V>(x)
         .unwrap_or_else(|| spread::<A, V, _>(x, Unscaled));
     // A finite sum implies finite elements: NaN and ±∞ propagate into it.
@@ -1177,7 +1181,7 @@ pub(super) fn variance(squares: f64, d: f64, shift: f64, eps: f64) -> Variance {
 /// [`centring`] of a row whose squares overflow or underflow: computed on
 /// `x · 2ᵏ`, the power of two that brings its `magnitude` towards 1
 /// ([`centring_times`], out of line).
-pub(super) fn rescaled_centring<A: NormScalar, V: Vector>(
+pub(super) fn rescaled_centring<A: KernelScalar, V: Vector>(
     x: &[A],
     eps: f64,
     magnitude: f64,
@@ -1188,7 +1192,7 @@ pub(super) fn rescaled_centring<A: NormScalar, V: Vector>(
 /// [`centring`] computed on `x · scale`, for a power of two `scale` that
 /// overflows no element. Rare, so kept out of line.
 #[inline(never)]
-fn centring_times<A: NormScalar, V: Vector>(x: &[A], eps: f64, scale: f64) -> Centring {
+fn centring_times<A: KernelScalar, V: Vector>(x: &[A], eps: f64, scale: f64) -> Centring {
     let scaled_sum = spread::<A, V, _>(x, Scaled(scale)).sum;
     centre::<A, V, _>(x, Scaled(scale), scaled_sum, eps, Some(scale)).unwrap_or(Centring::NotFinite)
 }
@@ -1197,7 +1201,7 @@ fn centring_times<A: NormScalar, V: Vector>(x: &[A], eps: f64, scale: f64) -> Ce
 /// first attempt, which returns `None` when the row needs rescaling
 /// ([`exact_centring`] spells that attempt out with [`variance`]).
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn centre<A: NormScalar, V: Vector, L: Load>(
+fn centre<A: KernelScalar, V: Vector, L: Load>(
     x: &[A],
     load: L,
     sum: Pair,
@@ -1225,7 +1229,7 @@ fn centre<A: NormScalar, V: Vector, L: Load>(
 /// RMSNorm scale of one row (`x` non-empty): `nᵢ = xᵢ · scale · inv_rms`,
 /// or `None` if the row holds a NaN or an infinity.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_scaling<A: NormScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
+pub(super) fn rms_scaling<A: KernelScalar, V: Vector>(x: &[A], eps: f64) -> Option<(f64, f64)> {
     if x.len() <= SHORT_ROW {
         if let Some(scaling) = short::rms_scaling(x, eps) {
             return Some(scaling);
@@ -1245,7 +1249,7 @@ pub(super) fn rms_from_squares(squares: f64, d: f64, eps: f64) -> Option<(f64, f
 
 /// [`rms_scaling`] of a row whose squares overflow or underflow. Rare.
 #[inline(never)]
-pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
+pub(super) fn rescaled_rms_scaling<A: KernelScalar, V: Vector>(
     x: &[A],
     eps: f64,
 ) -> Option<(f64, f64)> {
@@ -1273,7 +1277,7 @@ pub(super) fn rescaled_rms_scaling<A: NormScalar, V: Vector>(
 /// non-finite elements over `d`, and `√(Σ xᵢ² / d)` (NaN, or ±∞ for
 /// infinities of one sign).
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> RowStats {
+pub(super) fn row_stats<A: KernelScalar, V: Vector>(x: &[A]) -> RowStats {
     if x.len() <= SHORT_ROW {
         return short::row_stats(x);
     }
@@ -1282,7 +1286,7 @@ pub(super) fn row_stats<A: NormScalar, V: Vector>(x: &[A]) -> RowStats {
 
 /// [`row_stats`] of a row of any length.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> RowStats {
+pub(super) fn general_row_stats<A: KernelScalar, V: Vector>(x: &[A]) -> RowStats {
     let d = x.len() as f64;
     let init = (
         (CompensatedSum::<V>::new(), BlockedSum::new()),
@@ -1337,7 +1341,7 @@ pub(super) fn general_row_stats<A: NormScalar, V: Vector>(x: &[A]) -> RowStats {
 
 /// [`row_stats`] of a row whose sums or squares overflow or underflow. Rare.
 #[inline(never)]
-fn rescaled_row_stats<A: NormScalar, V: Vector>(x: &[A], magnitude: f64) -> RowStats {
+fn rescaled_row_stats<A: KernelScalar, V: Vector>(x: &[A], magnitude: f64) -> RowStats {
     let d = x.len() as f64;
     let scale = scale_towards_one(magnitude);
     let mean = spread::<A, V, _>(x, Scaled(scale)).sum.divide(d);
@@ -1404,7 +1408,11 @@ impl<V: Arith, N: Normalise<V>> Normalise<V> for ScaledInput<V, N> {
 /// on `x · 2ᵏ`: the same operations in the same order as the chunk loops,
 /// so the same bits, without vector loops compiled for such rows.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_elements<A: NormScalar, N: Normalise<f64>>(io: Io<'_, A>, affine: Affine<'_, A>, norm: N) {
+fn write_elements<A: KernelScalar, N: Normalise<f64>>(
+    io: Io<'_, A>,
+    affine: Affine<'_, A>,
+    norm: N,
+) {
     let output =
         |j: usize, x: A| A::narrow(short::affine_element(norm.apply(x.widen()), affine, j));
     match io {
@@ -1435,7 +1443,7 @@ fn write_elements<A: NormScalar, N: Normalise<f64>>(io: Io<'_, A>, affine: Affin
 /// rest in chunks that start on that boundary, which lets their whole lines
 /// go past the caches.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
+fn write_row<A: KernelScalar, V: Vector, N: Normalise<V>>(
     io: Io<'_, A>,
     params: Params<'_, A>,
     norm: N,
@@ -1458,7 +1466,7 @@ fn write_row<A: NormScalar, V: Vector, N: Normalise<V>>(
 
 /// [`write_row`] with the parameters settled.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_with<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
+fn write_with<A: KernelScalar, V: Vector, N: Normalise<V>, F: Features>(
     io: Io<'_, A>,
     features: F,
     norm: N,
@@ -1492,7 +1500,7 @@ trait Features: Copy {
 
 /// Which chunk of a per-feature vector a [`Features`] step reads, and how.
 trait FeatureChunk: Copy {
-    fn load<P: NormScalar, V: Vector>(self, v: &[P]) -> V;
+    fn load<P: KernelScalar, V: Vector>(self, v: &[P]) -> V;
 }
 
 /// The whole chunk that starts at feature `.0`.
@@ -1501,7 +1509,7 @@ struct Whole(usize);
 
 impl FeatureChunk for Whole {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load<P: NormScalar, V: Vector>(self, v: &[P]) -> V {
+    fn load<P: KernelScalar, V: Vector>(self, v: &[P]) -> V {
         P::load(&v[self.0..self.0 + LANES].as_chunks::<LANES>().0[0])
     }
 }
@@ -1518,7 +1526,7 @@ struct Partial {
 
 impl FeatureChunk for Partial {
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn load<P: NormScalar, V: Vector>(self, v: &[P]) -> V {
+    fn load<P: KernelScalar, V: Vector>(self, v: &[P]) -> V {
         let Partial { start, count } = self;
         match v[start..].as_chunks::<LANES>().0.first() {
             Some(chunk) => P::load(chunk),
@@ -1547,7 +1555,7 @@ impl Features for NoParams {
 #[derive(Clone, Copy)]
 struct Gain<'a, P, const ONE_PLUS: bool>(&'a [P]);
 
-impl<P: NormScalar, const ONE_PLUS: bool> Features for Gain<'_, P, ONE_PLUS> {
+impl<P: KernelScalar, const ONE_PLUS: bool> Features for Gain<'_, P, ONE_PLUS> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_at(self, at: usize) -> (Self, Self) {
         let (head, rest) = self.0.split_at(at);
@@ -1568,7 +1576,7 @@ impl<P: NormScalar, const ONE_PLUS: bool> Features for Gain<'_, P, ONE_PLUS> {
 #[derive(Clone, Copy)]
 struct GainShift<'a, P>(&'a [P], &'a [P]);
 
-impl<P: NormScalar> Features for GainShift<'_, P> {
+impl<P: KernelScalar> Features for GainShift<'_, P> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn split_at(self, at: usize) -> (Self, Self) {
         let (gamma_head, gamma_rest) = self.0.split_at(at);
@@ -1589,7 +1597,7 @@ pub(super) trait Store {
     /// Whether the stores go past the caches, so that asking the cache for
     /// the lines they write would only fetch lines they bypass.
     const PAST_CACHES: bool;
-    fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]);
+    fn store<A: KernelScalar, V: Vector>(value: V, chunk: &mut [A; LANES]);
 }
 
 /// Plain stores.
@@ -1598,7 +1606,7 @@ pub(super) struct Plain;
 impl Store for Plain {
     const PAST_CACHES: bool = false;
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
+    fn store<A: KernelScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
         A::store(value, chunk)
     }
 }
@@ -1609,7 +1617,7 @@ pub(super) struct Streaming;
 impl Store for Streaming {
     const PAST_CACHES: bool = true;
     #[cfg_attr(not(debug_assertions), inline(always))]
-    fn store<A: NormScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
+    fn store<A: KernelScalar, V: Vector>(value: V, chunk: &mut [A; LANES]) {
         A::stream(value, chunk)
     }
 }
@@ -1619,7 +1627,7 @@ impl Store for Streaming {
 /// last, partial chunk is loaded padded with zeros and only its real
 /// elements are written.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store>(
+fn write_chunks<A: KernelScalar, V: Vector, N: Normalise<V>, F: Features, S: Store>(
     input: &[A],
     output: &mut [A],
     features: F,
@@ -1644,7 +1652,7 @@ fn write_chunks<A: NormScalar, V: Vector, N: Normalise<V>, F: Features, S: Store
 
 /// [`write_chunks`] of a row normalised in place, with plain stores.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
+fn write_chunks_in_place<A: KernelScalar, V: Vector, N: Normalise<V>, F: Features>(
     row: &mut [A],
     features: F,
     norm: N,
@@ -1668,7 +1676,7 @@ fn write_chunks_in_place<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>
 /// same length, fewer than a chunk, possibly none), which start at feature
 /// `start`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
+fn write_tail<A: KernelScalar, V: Vector, N: Normalise<V>, F: Features>(
     source: &[A],
     destination: &mut [A],
     start: usize,
@@ -1684,7 +1692,7 @@ fn write_tail<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
 /// The outputs of a partial chunk `source` that starts at feature `start`,
 /// in its first lanes.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn tail_value<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
+fn tail_value<A: KernelScalar, V: Vector, N: Normalise<V>, F: Features>(
     source: &[A],
     start: usize,
     features: F,
@@ -1700,7 +1708,7 @@ fn tail_value<A: NormScalar, V: Vector, N: Normalise<V>, F: Features>(
 /// LayerNorm of `rows` consecutive rows of `io`: short rows sixteen at a
 /// time, longer rows one by one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
+pub(super) fn layer_norm_rows<A: KernelScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
     params: Params<'_, A>,
@@ -1712,7 +1720,7 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
 /// Writes LayerNorm's output for the row's `centring`, asking for the
 /// row `ahead` on the way.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
+pub(super) fn write_layer_norm<A: KernelScalar, V: Vector>(
     mut io: Io<'_, A>,
     params: Params<'_, A>,
     centring: Centring,
@@ -1753,7 +1761,7 @@ pub(super) fn write_layer_norm<A: NormScalar, V: Vector>(
 /// RMSNorm of `rows` consecutive rows of `io`: short rows sixteen at a
 /// time, longer rows one by one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
+pub(super) fn rms_norm_rows<A: KernelScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
     params: Params<'_, A>,
@@ -1765,7 +1773,7 @@ pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
 /// Writes RMSNorm's output for the row's scaling (`None`: the row holds a
 /// NaN or an infinity), asking for the row `ahead` on the way.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn write_rms_norm<A: NormScalar, V: Vector>(
+pub(super) fn write_rms_norm<A: KernelScalar, V: Vector>(
     mut io: Io<'_, A>,
     params: Params<'_, A>,
     scaling: Option<(f64, f64)>,

@@ -27,7 +27,7 @@
 //! instruction set or the thread.
 //!
 //! Sixteen rows go into the lanes one column per vector
-//! ([`NormScalar::load_columns`]: a gather per column where the instruction
+//! ([`KernelScalar::load_columns`]: a gather per column where the instruction
 //! set has one), and when the quick test of the statistics passes every row
 //! (the usual case) the outputs leave the same way; otherwise each row is
 //! written on its own; a block of constant rows is filled whole. Rows this
@@ -58,7 +58,7 @@ use super::portable::{
 };
 use super::simd::{Arith, Vector, LANES};
 use super::{Affine, Io, Params, RowStats};
-use crate::scalar::NormScalar;
+use crate::scalar::KernelScalar;
 
 /// Rows of at most this many elements are short.
 pub(super) const SHORT_ROW: usize = LANES;
@@ -151,7 +151,11 @@ fn inverse_root<T: Arith>(squares: T, d: usize, eps: f64) -> T {
 
 /// One output element: `n · γⱼ + βⱼ`, `n · γⱼ`, `n · (wⱼ + 1)` or `n`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn affine_element<A: NormScalar, T: Arith>(n: T, affine: Affine<'_, A>, j: usize) -> T {
+pub(super) fn affine_element<A: KernelScalar, T: Arith>(
+    n: T,
+    affine: Affine<'_, A>,
+    j: usize,
+) -> T {
     let feature = |v: &[A], default: f64| v.get(j).map_or(default, |v| v.widen());
     match affine {
         Affine::Identity => n,
@@ -179,7 +183,7 @@ enum Verdict {
 /// A normalisation of short rows, evaluated on one row (`T = f64`) or on
 /// 16 rows at once (`T` a vector). A struct rather than closures, for the
 /// reason given at `portable::Fold`.
-trait ShortOp<A: NormScalar>: Copy {
+trait ShortOp<A: KernelScalar>: Copy {
     /// Writes element `j` of every row's output to `outputs[j]` and
     /// returns what [`ShortOp::verdict`] judges.
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T>;
@@ -298,7 +302,7 @@ fn layer_norm_stats<A, T: Arith>(columns: &[T], eps: f64) -> (Split<T>, T, Check
 /// or `None` where the long-row kernel must compute them. Writing the row
 /// from them gives exactly the bits of the short path.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Option<Centring> {
+pub(super) fn centring<A: KernelScalar>(x: &[A], eps: f64) -> Option<Centring> {
     let (values, d) = widened(x);
     let (mean, inv_std, check) = layer_norm_stats::<A, f64>(values.get(..d)?, eps);
     let op = LayerNormOp::<A> {
@@ -315,7 +319,7 @@ pub(super) fn centring<A: NormScalar>(x: &[A], eps: f64) -> Option<Centring> {
 /// The RMSNorm scale of one short row as the long-row kernel's
 /// `(scale, inv_rms)`, or `None` where the long-row kernel must compute it.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)> {
+pub(super) fn rms_scaling<A: KernelScalar>(x: &[A], eps: f64) -> Option<(f64, f64)> {
     let (values, d) = widened(x);
     let zero = 0.0;
     let squares = square_sum(values.get(..d)?, zero, zero);
@@ -329,7 +333,7 @@ pub(super) fn rms_scaling<A: NormScalar>(x: &[A], eps: f64) -> Option<(f64, f64)
 
 /// A short row widened to `f64`, with its length.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn widened<A: NormScalar>(x: &[A]) -> ([f64; SHORT_ROW], usize) {
+fn widened<A: KernelScalar>(x: &[A]) -> ([f64; SHORT_ROW], usize) {
     let mut values = [0.0f64; SHORT_ROW];
     for (slot, &v) in values.iter_mut().zip(x) {
         *slot = v.widen();
@@ -337,7 +341,7 @@ fn widened<A: NormScalar>(x: &[A]) -> ([f64; SHORT_ROW], usize) {
     (values, x.len().min(SHORT_ROW))
 }
 
-impl<A: NormScalar> ShortOp<A> for LayerNormOp<'_, A> {
+impl<A: KernelScalar> ShortOp<A> for LayerNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
         let (mean, inv_std, check) = layer_norm_stats::<A, T>(columns, self.eps);
@@ -429,7 +433,7 @@ struct RmsNormOp<'a, A> {
     eps: f64,
 }
 
-impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
+impl<A: KernelScalar> ShortOp<A> for RmsNormOp<'_, A> {
     #[cfg_attr(not(debug_assertions), inline(always))]
     fn outputs<T: Arith>(self, columns: &[T], outputs: &mut [T; SHORT_ROW]) -> Check<T> {
         let zero = T::splat(0.0);
@@ -496,7 +500,7 @@ impl<A: NormScalar> ShortOp<A> for RmsNormOp<'_, A> {
 
 /// LayerNorm of the `rows` consecutive rows of `io`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
+pub(super) fn layer_norm_rows<A: KernelScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
     params: Params<'_, A>,
@@ -507,7 +511,7 @@ pub(super) fn layer_norm_rows<A: NormScalar, V: Vector>(
 
 /// RMSNorm of the `rows` consecutive rows of `io`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn rms_norm_rows<A: NormScalar, V: Vector>(
+pub(super) fn rms_norm_rows<A: KernelScalar, V: Vector>(
     io: Io<'_, A>,
     rows: usize,
     params: Params<'_, A>,
@@ -553,7 +557,7 @@ const PIPELINE_MAX_ROW_BYTES: usize = 1024;
 /// Compiled once per operation in its [island](LongRows), which
 /// [`ShortOp::long_rows`] calls.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
+fn long_rows<A: KernelScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, op: Op) {
     let streamed = matches!(io, Io::Stream { .. });
     // A streamed output is not read before it is written.
     let hint_output = matches!(io, Io::Copy { .. });
@@ -610,7 +614,7 @@ fn long_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, d: usize, 
 /// compiled once per vector type, however many places hand rows to it.
 struct LongRows<A, Op>(PhantomData<(A, Op)>);
 
-impl<A: NormScalar, Op: ShortOp<A>> Island for LongRows<A, Op> {
+impl<A: KernelScalar, Op: ShortOp<A>> Island for LongRows<A, Op> {
     type Args<'a> = (Io<'a, A>, usize, Op);
     type Output = ();
     #[cfg_attr(not(debug_assertions), inline(always))]
@@ -622,7 +626,7 @@ impl<A: NormScalar, Op: ShortOp<A>> Island for LongRows<A, Op> {
 /// Runs `op` on every row: short rows 16 at a time with vectors and the
 /// rest of them one by one, longer rows one by one in the long-row kernel.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize, op: Op) {
+fn for_rows<A: KernelScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize, op: Op) {
     let d = io.input().len() / rows.max(1);
     if d == 0 {
         return;
@@ -676,7 +680,7 @@ fn for_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(io: Io<'_, A>, rows: usize
 
 /// One short row, in `f64`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn one_row<A: NormScalar, V: Vector, Op: ShortOp<A>>(mut io: Io<'_, A>, op: Op) {
+fn one_row<A: KernelScalar, V: Vector, Op: ShortOp<A>>(mut io: Io<'_, A>, op: Op) {
     let mut columns = [0.0f64; SHORT_ROW];
     let d = io.input().len().min(SHORT_ROW);
     for (slot, &x) in columns.iter_mut().zip(io.input()) {
@@ -730,7 +734,7 @@ fn row_of<A>(block: &[A], r: usize, d: usize) -> &[A] {
 /// the rows; otherwise each row is written on its own, and the rows that
 /// the vector pass cannot finish are handed to the long-row kernel.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
+fn sixteen_rows<A: KernelScalar, V: Vector, Op: ShortOp<A>>(
     source: Option<&[A]>,
     destination: &mut [A],
     d: usize,
@@ -792,7 +796,7 @@ fn sixteen_rows<A: NormScalar, V: Vector, Op: ShortOp<A>>(
 /// `columns[j]`. Rows of one element are one contiguous column: a plain
 /// load.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn load_columns<A: NormScalar, V: Vector>(rows: &[A], d: usize, columns: &mut [V; SHORT_ROW]) {
+fn load_columns<A: KernelScalar, V: Vector>(rows: &[A], d: usize, columns: &mut [V; SHORT_ROW]) {
     match <&[A; LANES]>::try_from(rows) {
         Ok(column) if d == 1 => columns[0] = A::load(column),
         _ => A::load_columns(rows, d, columns),
@@ -802,7 +806,7 @@ fn load_columns<A: NormScalar, V: Vector>(rows: &[A], d: usize, columns: &mut [V
 /// The inverse of [`load_columns`]: `columns[j]`, rounded, into element
 /// `j` of the 16 rows of length `d` in `rows`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn store_columns<A: NormScalar, V: Vector>(columns: &[V; SHORT_ROW], d: usize, rows: &mut [A]) {
+fn store_columns<A: KernelScalar, V: Vector>(columns: &[V; SHORT_ROW], d: usize, rows: &mut [A]) {
     match <&mut [A; LANES]>::try_from(&mut *rows) {
         Ok(column) if d == 1 => A::store(columns[0], column),
         _ => A::store_columns(columns, rows, d),
@@ -811,7 +815,7 @@ fn store_columns<A: NormScalar, V: Vector>(columns: &[V; SHORT_ROW], d: usize, r
 
 /// Writes [`ShortOp::constant_output`] to every row of `destination`.
 #[cfg_attr(not(debug_assertions), inline(always))]
-fn fill_constant<A: NormScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d: usize) {
+fn fill_constant<A: KernelScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d: usize) {
     let mut constant = [A::zero(); SHORT_ROW];
     for (j, y) in constant.iter_mut().enumerate().take(d) {
         *y = op.constant_output(j);
@@ -823,7 +827,7 @@ fn fill_constant<A: NormScalar, Op: ShortOp<A>>(op: Op, destination: &mut [A], d
 
 /// [`RowStats`] of one short row.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn row_stats<A: NormScalar>(x: &[A]) -> RowStats {
+pub(super) fn row_stats<A: KernelScalar>(x: &[A]) -> RowStats {
     let (values, d) = widened(x);
     let columns = values.get(..d).unwrap_or(&[]);
     let (mean, _, min, max) = mean_split(columns, quotient_is_exact::<A>(d));

@@ -9,7 +9,7 @@
 use std::ops::{Add, Div, Mul, Range, Sub};
 
 use super::islands::Islands;
-use crate::scalar::NormScalar;
+use crate::scalar::KernelScalar;
 
 /// Number of lanes of every vector, and so of every accumulator.
 pub(crate) const LANES: usize = 16;
@@ -75,7 +75,7 @@ impl Arith for f64 {
 /// A vector of [`LANES`] lanes that loads and stores the element types.
 ///
 /// This is a `pub` trait in a private module so that the sealed
-/// `NormScalar` can name it; it is not reachable from outside the crate.
+/// `KernelScalar` can name it; it is not reachable from outside the crate.
 pub trait Vector: Arith + Islands {
     /// The lanes as an array.
     fn to_lanes(self) -> Lanes;
@@ -362,7 +362,7 @@ pub(crate) fn transpose_elements<T: Copy>(
 /// `rows[l · d + j]` widened in lane `l` (zero past the end of `rows`): the
 /// column loads of every vector type without a faster one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(crate) fn column_lanes<A: NormScalar>(rows: &[A], j: usize, d: usize) -> Lanes {
+pub(crate) fn column_lanes<A: KernelScalar>(rows: &[A], j: usize, d: usize) -> Lanes {
     let mut lanes = [0.0; LANES];
     for (l, lane) in lanes.iter_mut().enumerate() {
         if let Some(&x) = rows.get(l * d + j) {
@@ -375,7 +375,12 @@ pub(crate) fn column_lanes<A: NormScalar>(rows: &[A], j: usize, d: usize) -> Lan
 /// Stores lane `l`, rounded once, as `rows[l · d + j]` (dropped past the end
 /// of `rows`): the column stores of every vector type without a faster one.
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(crate) fn store_column_lanes<A: NormScalar>(lanes: Lanes, rows: &mut [A], j: usize, d: usize) {
+pub(crate) fn store_column_lanes<A: KernelScalar>(
+    lanes: Lanes,
+    rows: &mut [A],
+    j: usize,
+    d: usize,
+) {
     for (l, value) in lanes.into_iter().enumerate() {
         if let Some(y) = rows.get_mut(l * d + j) {
             *y = A::narrow(value);

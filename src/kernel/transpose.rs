@@ -3,20 +3,20 @@
 //! strided arrays.
 
 use super::simd::{transpose_elements, Vector};
-use crate::scalar::NormScalar;
+use crate::scalar::KernelScalar;
 
 /// `dst[j · dst_lead + i] = src[i · src_lead + j]` for `i < lines` and
 /// `j < length`: `lines` lines of `length` elements, each contiguous, copied
 /// into `length` lines of `lines` elements. The squares of a cache line of
 /// elements on each side move in registers
-/// ([`NormScalar::transpose_square`]), the edges one element at a time.
+/// ([`KernelScalar::transpose_square`]), the edges one element at a time.
 ///
 /// Unless `lines` or `length` is zero, `src` holds at least
 /// `(lines - 1) · src_lead + length` elements and `dst` at least
 /// `(length - 1) · dst_lead + lines`; the lines of each side do not overlap
 /// (`src_lead >= length`, `dst_lead >= lines`).
 #[cfg_attr(not(debug_assertions), inline(always))]
-pub(super) fn transpose_lines<A: NormScalar, V: Vector>(
+pub(super) fn transpose_lines<A: KernelScalar, V: Vector>(
     src: &[A],
     src_lead: usize,
     dst: &mut [A],

@@ -1479,7 +1479,7 @@ macro_rules! trampolines {
         use super::super::portable;
         use super::super::transpose;
         use super::super::{Affine, Io, Params, RowStats};
-        use crate::scalar::NormScalar;
+        use crate::scalar::KernelScalar;
 
         islands!(
             /// # Safety
@@ -1491,7 +1491,7 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn layer_norm_rows<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn layer_norm_rows<A: KernelScalar>(
             io: Io<'_, A>,
             rows: usize,
             params: Params<'_, A>,
@@ -1503,7 +1503,7 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn rms_norm_rows<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn rms_norm_rows<A: KernelScalar>(
             io: Io<'_, A>,
             rows: usize,
             params: Params<'_, A>,
@@ -1515,7 +1515,7 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn transpose_lines<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn transpose_lines<A: KernelScalar>(
             src: &[A],
             src_lead: usize,
             dst: &mut [A],
@@ -1529,14 +1529,14 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn row_stats<A: NormScalar>(x: &[A]) -> RowStats {
+        pub(in crate::kernel) unsafe fn row_stats<A: KernelScalar>(x: &[A]) -> RowStats {
             portable::row_stats::<A, $vector>(x)
         }
 
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn layer_norm_train_block<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn layer_norm_train_block<A: KernelScalar>(
             x: &[A],
             y: &mut [A],
             d: usize,
@@ -1550,7 +1550,7 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn rms_norm_train_block<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn rms_norm_train_block<A: KernelScalar>(
             x: &[A],
             y: &mut [A],
             d: usize,
@@ -1564,7 +1564,7 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn layer_norm_backward_block<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn layer_norm_backward_block<A: KernelScalar>(
             inputs: Inputs<'_, A>,
             dx: &mut [A],
             saved: Saved<'_, RowCentring>,
@@ -1576,7 +1576,7 @@ macro_rules! trampolines {
         /// # Safety
         /// The CPU must support the module's target features.
         #[target_feature(enable = $features)]
-        pub(in crate::kernel) unsafe fn rms_norm_backward_block<A: NormScalar>(
+        pub(in crate::kernel) unsafe fn rms_norm_backward_block<A: KernelScalar>(
             inputs: Inputs<'_, A>,
             dx: &mut [A],
             saved: Saved<'_, RowScaling>,

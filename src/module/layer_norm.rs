@@ -2,13 +2,13 @@
 
 use std::borrow::Cow;
 
-use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, RemoveAxis};
+use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, Ix1, RemoveAxis};
 
 use crate::backward::{self, LayerNormGrads, LayerNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
-use crate::kernel::{self, Affine, CallParams};
-use crate::scalar::NormScalar;
+use crate::kernel::{Affine, CallParams};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, rows};
 
 /// A LayerNorm layer over the last axis, or over the last axes of a
@@ -39,10 +39,10 @@ use crate::{check, rows};
 /// # Ok::<(), NormError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct LayerNorm<A> {
-    gamma: Array1<A>,
-    beta: Option<Array1<A>>,
-    eps: A,
+pub struct LayerNorm<A: NormScalar, P = A> {
+    gamma: Array1<P>,
+    beta: Option<Array1<P>>,
+    eps: A::Eps,
     shape: Vec<usize>,
 }
 
@@ -67,7 +67,7 @@ impl<A: NormScalar> LayerNorm<A> {
         LayerNorm {
             gamma: Array1::ones(d),
             beta: Some(Array1::zeros(d)),
-            eps: A::narrow(1e-5),
+            eps: A::kept_eps(1e-5),
             shape: vec![d],
         }
     }
@@ -88,7 +88,7 @@ impl<A: NormScalar> LayerNorm<A> {
         LayerNorm {
             gamma: Array1::ones(d),
             beta: None,
-            eps: A::narrow(1e-5),
+            eps: A::kept_eps(1e-5),
             shape: vec![d],
         }
     }
@@ -112,11 +112,14 @@ impl<A: NormScalar> LayerNorm<A> {
     /// assert!(LayerNorm::from_parts(array![1.0_f64], None, -1.0).is_err());
     /// # Ok::<(), NormError>(())
     /// ```
-    pub fn from_parts(
+    pub fn from_parts<Eps>(
         gamma: Array1<A>,
         beta: Option<Array1<A>>,
-        eps: A,
-    ) -> Result<Self, NormError> {
+        eps: Eps,
+    ) -> Result<Self, NormError>
+    where
+        A: NormEps<Eps>,
+    {
         if let Some(beta) = &beta {
             if beta.len() != gamma.len() {
                 return Err(NormError::LengthMismatch {
@@ -126,7 +129,7 @@ impl<A: NormScalar> LayerNorm<A> {
                 });
             }
         }
-        check::eps(eps)?;
+        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
         let shape = vec![gamma.len()];
         Ok(LayerNorm {
             gamma,
@@ -136,6 +139,40 @@ impl<A: NormScalar> LayerNorm<A> {
         })
     }
 
+    /// This layer for inputs of the half type `B`, with its parameters
+    /// kept in `A` (`f32`): mixed precision, as [`NormParam`] describes.
+    /// The gradients of [`backward`](LayerNorm::backward) come back in `A`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(feature = "half")] {
+    /// use half::bf16;
+    /// use ndarray::array;
+    /// use ndarray_layernorm::LayerNorm;
+    ///
+    /// let norm = LayerNorm::<f32>::new(3).for_input::<bf16>();
+    /// let x = array![[1.0, 2.0, 4.0]].mapv(bf16::from_f32);
+    /// let y = norm.forward(&x)?;
+    /// assert_eq!(y.dim(), (1, 3));
+    /// assert_eq!(norm.gamma().len(), 3); // still f32
+    /// # }
+    /// # Ok::<(), ndarray_layernorm::NormError>(())
+    /// ```
+    pub fn for_input<B: NormScalar>(self) -> LayerNorm<B, A>
+    where
+        B: NormParam<A>,
+    {
+        LayerNorm {
+            gamma: self.gamma,
+            beta: self.beta,
+            eps: B::kept_eps(A::kept_eps_value(self.eps)),
+            shape: self.shape,
+        }
+    }
+}
+
+impl<A: NormScalar + NormParam<P>, P> LayerNorm<A, P> {
     /// The same layer with another `eps`.
     ///
     /// # Errors
@@ -151,8 +188,11 @@ impl<A: NormScalar> LayerNorm<A> {
     /// assert_eq!(norm.eps(), 1e-6);
     /// # Ok::<(), NormError>(())
     /// ```
-    pub fn with_eps(mut self, eps: A) -> Result<Self, NormError> {
-        check::eps(eps)?;
+    pub fn with_eps<Eps>(mut self, eps: Eps) -> Result<Self, NormError>
+    where
+        A: NormEps<Eps>,
+    {
+        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
         self.eps = eps;
         Ok(self)
     }
@@ -224,7 +264,7 @@ impl<A: NormScalar> LayerNorm<A> {
     ///
     /// assert_eq!(LayerNorm::<f64>::new(2).gamma().sum(), 2.0);
     /// ```
-    pub fn gamma(&self) -> &Array1<A> {
+    pub fn gamma(&self) -> &Array1<P> {
         &self.gamma
     }
 
@@ -240,7 +280,7 @@ impl<A: NormScalar> LayerNorm<A> {
     /// norm.gamma_mut()[1] = 3.0;
     /// assert_eq!(norm.gamma(), array![1.0, 3.0]);
     /// ```
-    pub fn gamma_mut(&mut self) -> ArrayViewMut1<'_, A> {
+    pub fn gamma_mut(&mut self) -> ArrayViewMut1<'_, P> {
         self.gamma.view_mut()
     }
 
@@ -254,7 +294,7 @@ impl<A: NormScalar> LayerNorm<A> {
     /// assert!(LayerNorm::<f32>::new(2).beta().is_some());
     /// assert!(LayerNorm::<f32>::without_bias(2).beta().is_none());
     /// ```
-    pub fn beta(&self) -> Option<&Array1<A>> {
+    pub fn beta(&self) -> Option<&Array1<P>> {
         self.beta.as_ref()
     }
 
@@ -273,7 +313,7 @@ impl<A: NormScalar> LayerNorm<A> {
     /// }
     /// assert_eq!(norm.beta(), Some(&array![0.5, 0.5]));
     /// ```
-    pub fn beta_mut(&mut self) -> Option<ArrayViewMut1<'_, A>> {
+    pub fn beta_mut(&mut self) -> Option<ArrayViewMut1<'_, P>> {
         self.beta.as_mut().map(|beta| beta.view_mut())
     }
 
@@ -284,7 +324,7 @@ impl<A: NormScalar> LayerNorm<A> {
     /// ```
     /// assert_eq!(ndarray_layernorm::LayerNorm::<f64>::new(2).eps(), 1e-5);
     /// ```
-    pub fn eps(&self) -> A {
+    pub fn eps(&self) -> A::Eps {
         self.eps
     }
 
@@ -325,7 +365,7 @@ impl<A: NormScalar> LayerNorm<A> {
         let args = self.args(x)?;
         let params = CallParams::new(args.affine(), args.d, x.len());
         rows::map_rows(x, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), args.eps)
+            A::layer_norm_rows(isa, io, rows, params.params(), args.eps)
         })
     }
 
@@ -406,9 +446,9 @@ impl<A: NormScalar> LayerNorm<A> {
         x: &ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
         stats: &LayerNormStats<D::Smaller>,
-    ) -> Result<LayerNormGrads<A, D>, NormError> {
+    ) -> Result<LayerNormGrads<A, D, Ix1, P>, NormError> {
         let d = super::backward_rows(x, dy, &self.shape)?;
-        let gamma = check::feature_vector(Operand::Gamma, &self.gamma, d)?;
+        let gamma = check::params::<A, _>(Operand::Gamma, &self.gamma, d)?;
         backward::check_layer_norm_stats(x, stats)?;
         super::check_stats_rows(x, &self.shape, stats.rows().shape())?;
         backward::layer_norm_grads(
@@ -425,12 +465,12 @@ impl<A: NormScalar> LayerNorm<A> {
     /// documented.
     fn args<D: Dimension>(&self, x: &ArrayRef<A, D>) -> Result<LayerNormArgs<'_, A>, NormError> {
         let d = super::rows_of(x, &self.shape)?;
-        let gamma = check::feature_vector(Operand::Gamma, &self.gamma, d)?;
+        let gamma = check::params::<A, _>(Operand::Gamma, &self.gamma, d)?;
         let beta = match &self.beta {
-            Some(beta) => Some(check::feature_vector(Operand::Beta, beta, d)?),
+            Some(beta) => Some(check::params::<A, _>(Operand::Beta, beta, d)?),
             None => None,
         };
-        let eps = check::eps(self.eps)?;
+        let eps = check::valid_eps(A::kept_eps_value(self.eps))?;
         Ok(LayerNormArgs {
             d,
             gamma,
@@ -441,15 +481,15 @@ impl<A: NormScalar> LayerNorm<A> {
 }
 
 /// A [`LayerNorm`]'s parameters, validated for one input.
-struct LayerNormArgs<'a, A: Clone> {
+struct LayerNormArgs<'a, A: NormScalar> {
     d: usize,
-    gamma: Cow<'a, [A]>,
-    beta: Option<Cow<'a, [A]>>,
+    gamma: Cow<'a, [Wide<A>]>,
+    beta: Option<Cow<'a, [Wide<A>]>>,
     eps: f64,
 }
 
 impl<A: NormScalar> LayerNormArgs<'_, A> {
-    fn affine(&self) -> Affine<'_, A> {
+    fn affine(&self) -> Affine<'_, Wide<A>> {
         match &self.beta {
             Some(beta) => Affine::ScaleShift(&self.gamma, beta),
             None => Affine::Scale(&self.gamma),

@@ -2,13 +2,13 @@
 
 use std::borrow::Cow;
 
-use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, RemoveAxis};
+use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, Ix1, RemoveAxis};
 
 use crate::backward::{self, RmsNormGrads, RmsNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
-use crate::kernel::{self, CallParams};
-use crate::scalar::NormScalar;
+use crate::kernel::CallParams;
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, rows};
 
 /// An RMSNorm layer over the last axis, or over the last axes of a
@@ -34,9 +34,9 @@ use crate::{check, rows};
 /// # Ok::<(), NormError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct RmsNorm<A> {
-    gamma: Array1<A>,
-    eps: A,
+pub struct RmsNorm<A: NormScalar, P = A> {
+    gamma: Array1<P>,
+    eps: A::Eps,
     zero_centred: bool,
     shape: Vec<usize>,
 }
@@ -60,7 +60,7 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn new(d: usize) -> Self {
         RmsNorm {
             gamma: Array1::ones(d),
-            eps: A::narrow(1e-6),
+            eps: A::kept_eps(1e-6),
             zero_centred: false,
             shape: vec![d],
         }
@@ -82,7 +82,7 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn zero_centred(d: usize) -> Self {
         RmsNorm {
             gamma: Array1::zeros(d),
-            eps: A::narrow(1e-6),
+            eps: A::kept_eps(1e-6),
             zero_centred: true,
             shape: vec![d],
         }
@@ -104,8 +104,11 @@ impl<A: NormScalar> RmsNorm<A> {
     /// assert_eq!(norm.forward(&array![3.0, -3.0])?, array![2.0, -2.0]);
     /// # Ok::<(), NormError>(())
     /// ```
-    pub fn from_parts(gamma: Array1<A>, eps: A) -> Result<Self, NormError> {
-        check::eps(eps)?;
+    pub fn from_parts<Eps>(gamma: Array1<A>, eps: Eps) -> Result<Self, NormError>
+    where
+        A: NormEps<Eps>,
+    {
+        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
         Ok(RmsNorm {
             shape: vec![gamma.len()],
             gamma,
@@ -130,8 +133,11 @@ impl<A: NormScalar> RmsNorm<A> {
     /// assert_eq!(norm.forward(&array![3.0, -3.0])?, array![2.0, -0.5]);
     /// # Ok::<(), NormError>(())
     /// ```
-    pub fn from_parts_zero_centred(w: Array1<A>, eps: A) -> Result<Self, NormError> {
-        check::eps(eps)?;
+    pub fn from_parts_zero_centred<Eps>(w: Array1<A>, eps: Eps) -> Result<Self, NormError>
+    where
+        A: NormEps<Eps>,
+    {
+        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
         Ok(RmsNorm {
             shape: vec![w.len()],
             gamma: w,
@@ -140,6 +146,40 @@ impl<A: NormScalar> RmsNorm<A> {
         })
     }
 
+    /// This layer for inputs of the half type `B`, with its parameters
+    /// kept in `A` (`f32`): mixed precision, as [`NormParam`] describes.
+    /// The gradients of [`backward`](RmsNorm::backward) come back in `A`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(feature = "half")] {
+    /// use half::bf16;
+    /// use ndarray::array;
+    /// use ndarray_layernorm::RmsNorm;
+    ///
+    /// let norm = RmsNorm::<f32>::new(3).for_input::<bf16>();
+    /// let x = array![[1.0, 2.0, 4.0]].mapv(bf16::from_f32);
+    /// let y = norm.forward(&x)?;
+    /// assert_eq!(y.dim(), (1, 3));
+    /// assert_eq!(norm.gamma().len(), 3); // still f32
+    /// # }
+    /// # Ok::<(), ndarray_layernorm::NormError>(())
+    /// ```
+    pub fn for_input<B: NormScalar>(self) -> RmsNorm<B, A>
+    where
+        B: NormParam<A>,
+    {
+        RmsNorm {
+            gamma: self.gamma,
+            eps: B::kept_eps(A::kept_eps_value(self.eps)),
+            zero_centred: self.zero_centred,
+            shape: self.shape,
+        }
+    }
+}
+
+impl<A: NormScalar + NormParam<P>, P> RmsNorm<A, P> {
     /// The same layer with another `eps`.
     ///
     /// # Errors
@@ -156,8 +196,11 @@ impl<A: NormScalar> RmsNorm<A> {
     /// assert!(RmsNorm::<f64>::new(4).with_eps(f64::NAN).is_err());
     /// # Ok::<(), NormError>(())
     /// ```
-    pub fn with_eps(mut self, eps: A) -> Result<Self, NormError> {
-        check::eps(eps)?;
+    pub fn with_eps<Eps>(mut self, eps: Eps) -> Result<Self, NormError>
+    where
+        A: NormEps<Eps>,
+    {
+        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
         self.eps = eps;
         Ok(self)
     }
@@ -228,7 +271,7 @@ impl<A: NormScalar> RmsNorm<A> {
     /// assert_eq!(RmsNorm::<f64>::new(3).gamma().sum(), 3.0);
     /// assert_eq!(RmsNorm::<f64>::zero_centred(3).gamma().sum(), 0.0);
     /// ```
-    pub fn gamma(&self) -> &Array1<A> {
+    pub fn gamma(&self) -> &Array1<P> {
         &self.gamma
     }
 
@@ -244,7 +287,7 @@ impl<A: NormScalar> RmsNorm<A> {
     /// norm.gamma_mut().fill(0.5);
     /// assert_eq!(norm.gamma(), array![0.5, 0.5]);
     /// ```
-    pub fn gamma_mut(&mut self) -> ArrayViewMut1<'_, A> {
+    pub fn gamma_mut(&mut self) -> ArrayViewMut1<'_, P> {
         self.gamma.view_mut()
     }
 
@@ -255,7 +298,7 @@ impl<A: NormScalar> RmsNorm<A> {
     /// ```
     /// assert_eq!(ndarray_layernorm::RmsNorm::<f32>::new(2).eps(), 1e-6);
     /// ```
-    pub fn eps(&self) -> A {
+    pub fn eps(&self) -> A::Eps {
         self.eps
     }
 
@@ -301,7 +344,7 @@ impl<A: NormScalar> RmsNorm<A> {
         let (d, weights, eps) = self.args(x)?;
         let params = CallParams::new(self.gain(&weights).affine(), d, x.len());
         rows::map_rows(x, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            A::rms_norm_rows(isa, io, rows, params.params(), eps)
         })
     }
 
@@ -381,9 +424,9 @@ impl<A: NormScalar> RmsNorm<A> {
         x: &ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
         stats: &RmsNormStats<D::Smaller>,
-    ) -> Result<RmsNormGrads<A, D>, NormError> {
+    ) -> Result<RmsNormGrads<A, D, Ix1, P>, NormError> {
         let d = super::backward_rows(x, dy, &self.shape)?;
-        let weights = check::feature_vector(Operand::Gamma, &self.gamma, d)?;
+        let weights = check::params::<A, _>(Operand::Gamma, &self.gamma, d)?;
         backward::check_rms_norm_stats(x, stats)?;
         super::check_stats_rows(x, &self.shape, stats.rows().shape())?;
         backward::rms_norm_grads(
@@ -401,13 +444,13 @@ impl<A: NormScalar> RmsNorm<A> {
     fn args<D: Dimension>(
         &self,
         x: &ArrayRef<A, D>,
-    ) -> Result<(usize, Cow<'_, [A]>, f64), NormError> {
+    ) -> Result<(usize, Cow<'_, [Wide<A>]>, f64), NormError> {
         let d = super::rows_of(x, &self.shape)?;
-        let weights = check::feature_vector(Operand::Gamma, &self.gamma, d)?;
-        Ok((d, weights, check::eps(self.eps)?))
+        let weights = check::params::<A, _>(Operand::Gamma, &self.gamma, d)?;
+        Ok((d, weights, check::valid_eps(A::kept_eps_value(self.eps))?))
     }
 
-    fn gain<'a>(&self, weights: &'a [A]) -> Gain<'a, A> {
+    fn gain<'a>(&self, weights: &'a [Wide<A>]) -> Gain<'a, Wide<A>> {
         if self.zero_centred {
             Gain::OnePlus(weights)
         } else {

@@ -2,13 +2,13 @@
 
 use std::borrow::Cow;
 
-use ndarray::{Array, ArrayRef, Axis, Dimension, IxDyn};
+use ndarray::{Array, ArrayRef, Axis, Dimension, Ix1, IxDyn};
 
 use crate::backward::{self, Dx, LayerNormGrads, LayerNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
-use crate::kernel::{self, Affine, CallParams};
-use crate::scalar::NormScalar;
+use crate::kernel::{Affine, CallParams};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, rows, sealed};
 
 /// Layer normalisation over several trailing axes: every subarray over the
@@ -93,13 +93,16 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(y.abs_diff_eq(&array![[[-1.5 / s, -0.5 / s], [0.5 / s, 1.0 + 1.5 / s]], [[0.0, 0.0], [0.0, 1.0]]], 1e-15));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_over<E: Dimension>(
+    fn layer_norm_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError>;
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns `(x - mean) / √(var + eps)` over the axes from `axis` on
     /// (without `gamma` and `beta`), as a new array in standard layout.
@@ -121,7 +124,9 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(x.layer_norm_plain_over(Axis(0), 0.0)?, array![[-1.0, 1.0], [-1.0, 1.0]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_plain_over(&self, axis: Axis, eps: A) -> Result<Array<A, D>, NormError>;
+    fn layer_norm_plain_over<Eps>(&self, axis: Axis, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Writes the layer normalisation over the axes from `axis` on into
     /// `out`, which must have the shape of `self` (any layout).
@@ -145,14 +150,17 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(out, x.layer_norm_over(Axis(1), &gamma, &beta, 1e-5)?);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_into_over<E: Dimension>(
+    fn layer_norm_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `(x - mean) / √(var + eps)` over the axes from `axis` on into
     /// `out`, which must have the shape of `self`.
@@ -174,12 +182,14 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(out, array![[-1.0], [1.0]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_plain_into_over(
+    fn layer_norm_plain_into_over<Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Replaces every subarray over the axes from `axis` on by its layer
     /// normalisation.
@@ -201,13 +211,16 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(x, array![[[0.5, -0.5], [1.0, 0.0]]]); // a constant row gives beta
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_inplace_over<E: Dimension>(
+    fn layer_norm_inplace_over<E: Dimension, P, Eps>(
         &mut self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Replaces every subarray over the axes from `axis` on by
     /// `(x - mean) / √(var + eps)`.
@@ -228,7 +241,9 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(x, array![[-1.0, 1.0], [-1.0, 1.0]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_plain_inplace_over(&mut self, axis: Axis, eps: A) -> Result<(), NormError>;
+    fn layer_norm_plain_inplace_over<Eps>(&mut self, axis: Axis, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Returns [`layer_norm_over`](Self::layer_norm_over) (the same bits)
     /// and the statistics that
@@ -256,13 +271,16 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn layer_norm_train_over<E: Dimension>(
+    fn layer_norm_train_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(Array<A, D>, LayerNormStats<IxDyn>), NormError>;
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, LayerNormStats<IxDyn>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns the gradients of
     /// [`layer_norm_over`](Self::layer_norm_over) for the output gradient
@@ -303,13 +321,16 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # let _ = Array1::<f64>::zeros(0);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_backward_over<E: Dimension>(
+    fn layer_norm_backward_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<LayerNormGrads<A, D, E>, NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<LayerNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns the gradients as
     /// [`layer_norm_backward_over`](Self::layer_norm_backward_over) does
@@ -338,13 +359,15 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(grads, x.layer_norm_backward_over(Axis(1), &y, &gamma, 1e-5)?);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn layer_norm_backward_with_stats_over<E: Dimension>(
+    fn layer_norm_backward_with_stats_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &LayerNormStats<IxDyn>,
-    ) -> Result<LayerNormGrads<A, D, E>, NormError>;
+    ) -> Result<LayerNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>;
 
     /// Writes `dx` into `dx` (an array of the input's shape, any layout)
     /// and returns `(dgamma, dbeta)` of the shape of `gamma`, with the bits
@@ -372,14 +395,17 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn layer_norm_backward_into_over<E: Dimension>(
+    fn layer_norm_backward_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(Array<A, E>, Array<A, E>), NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(Array<P, E>, Array<P, E>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `dx` into `dx` and returns `(dgamma, dbeta)`, from the
     /// statistics that [`layer_norm_train_over`](Self::layer_norm_train_over)
@@ -408,131 +434,165 @@ pub trait LayerNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn layer_norm_backward_with_stats_into_over<E: Dimension>(
+    fn layer_norm_backward_with_stats_into_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &LayerNormStats<IxDyn>,
-    ) -> Result<(Array<A, E>, Array<A, E>), NormError>;
+    ) -> Result<(Array<P, E>, Array<P, E>), NormError>
+    where
+        A: NormParam<P>;
 }
 
 impl<A: NormScalar, D: Dimension> LayerNormOverExt<A, D> for ArrayRef<A, D> {
-    fn layer_norm_over<E: Dimension>(
+    fn layer_norm_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError> {
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let args = OverArgs::new(self, axis, gamma, beta, eps)?;
         let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows(self, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
+            A::layer_norm_rows(isa, io, rows, params.params(), eps)
         })
     }
 
-    fn layer_norm_plain_over(&self, axis: Axis, eps: A) -> Result<Array<A, D>, NormError> {
+    fn layer_norm_plain_over<Eps>(&self, axis: Axis, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::rows_over(self, axis)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows(self, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
+            A::layer_norm_rows(isa, io, rows, plain.params(), eps)
         })
     }
 
-    fn layer_norm_into_over<E: Dimension>(
+    fn layer_norm_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let args = OverArgs::new(self, axis, gamma, beta, eps)?;
         check::same_shape(self, out)?;
         let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows_into(self, out, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
+            A::layer_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn layer_norm_plain_into_over(
+    fn layer_norm_plain_into_over<Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::rows_over(self, axis)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         check::same_shape(self, out)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
+            A::layer_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
 
-    fn layer_norm_inplace_over<E: Dimension>(
+    fn layer_norm_inplace_over<E: Dimension, P, Eps>(
         &mut self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let args = OverArgs::new(self, axis, gamma, beta, eps)?;
         let (params, eps) = (args.params(self.len()), args.eps);
         rows::map_rows_in_place(self, args.d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, params.params(), eps)
+            A::layer_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn layer_norm_plain_inplace_over(&mut self, axis: Axis, eps: A) -> Result<(), NormError> {
+    fn layer_norm_plain_inplace_over<Eps>(&mut self, axis: Axis, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::rows_over(self, axis)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::layer_norm_rows(isa, io, rows, plain.params(), eps)
+            A::layer_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
 
-    fn layer_norm_train_over<E: Dimension>(
+    fn layer_norm_train_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        beta: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(Array<A, D>, LayerNormStats<IxDyn>), NormError> {
+        gamma: &ArrayRef<P, E>,
+        beta: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, LayerNormStats<IxDyn>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let args = OverArgs::new(self, axis, gamma, beta, eps)?;
         let affine = Affine::ScaleShift(&args.gamma, &args.beta);
         let leading = super::leading(self, axis);
         backward::layer_norm_train(self, args.d, leading, affine, args.eps)
     }
 
-    fn layer_norm_backward_over<E: Dimension>(
+    fn layer_norm_backward_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<LayerNormGrads<A, D, E>, NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<LayerNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let grads = backward::layer_norm_grads(self, dy, d, Gain::Gamma(&gain), None, eps)?;
         shaped_grads(grads, gamma)
     }
 
-    fn layer_norm_backward_with_stats_over<E: Dimension>(
+    fn layer_norm_backward_with_stats_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &LayerNormStats<IxDyn>,
-    ) -> Result<LayerNormGrads<A, D, E>, NormError> {
+    ) -> Result<LayerNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
         super::check_stats(self, axis, stats.input_shape(), stats.rows().shape())?;
         let saved = backward::in_row_order(stats.rows());
@@ -540,17 +600,21 @@ impl<A: NormScalar, D: Dimension> LayerNormOverExt<A, D> for ArrayRef<A, D> {
         shaped_grads(grads, gamma)
     }
 
-    fn layer_norm_backward_into_over<E: Dimension>(
+    fn layer_norm_backward_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(Array<A, E>, Array<A, E>), NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(Array<P, E>, Array<P, E>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
         check::same_shape(self, dx)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let (dgamma, dbeta) = backward::layer_norm_grads_into(
             self,
             dy,
@@ -563,14 +627,17 @@ impl<A: NormScalar, D: Dimension> LayerNormOverExt<A, D> for ArrayRef<A, D> {
         Ok((shaped(dgamma, gamma), shaped(dbeta, gamma)))
     }
 
-    fn layer_norm_backward_with_stats_into_over<E: Dimension>(
+    fn layer_norm_backward_with_stats_into_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &LayerNormStats<IxDyn>,
-    ) -> Result<(Array<A, E>, Array<A, E>), NormError> {
+    ) -> Result<(Array<P, E>, Array<P, E>), NormError>
+    where
+        A: NormParam<P>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
         check::same_shape(self, dx)?;
         super::check_stats(self, axis, stats.input_shape(), stats.rows().shape())?;
@@ -590,33 +657,33 @@ impl<A: NormScalar, D: Dimension> LayerNormOverExt<A, D> for ArrayRef<A, D> {
 
 /// Validates the input, `dy` and `gamma` of a backward call over the axes
 /// from `axis` on, in the order the errors are documented.
-pub(super) fn backward_args<'a, A: NormScalar, D: Dimension, E: Dimension>(
+pub(super) fn backward_args<'a, A: NormScalar + NormParam<P>, D: Dimension, E: Dimension, P>(
     x: &ArrayRef<A, D>,
     axis: Axis,
     dy: &ArrayRef<A, D>,
-    gamma: &'a ArrayRef<A, E>,
-) -> Result<(usize, Cow<'a, [A]>), NormError> {
+    gamma: &'a ArrayRef<P, E>,
+) -> Result<(usize, Cow<'a, [Wide<A>]>), NormError> {
     let d = check::rows_over(x, axis)?;
     check::shape_of(Operand::Gradient, x, dy.shape())?;
-    let gamma = check::trailing_vector(Operand::Gamma, x, axis, gamma)?;
+    let gamma = check::trailing_params(Operand::Gamma, x, axis, gamma)?;
     Ok((d, gamma))
 }
 
 /// A per-feature gradient, computed in row-major order, in the shape of
 /// `gamma`.
-pub(super) fn shaped<A, E: Dimension>(
-    grad: ndarray::Array1<A>,
-    gamma: &ArrayRef<A, E>,
-) -> Array<A, E> {
+pub(super) fn shaped<G, P, E: Dimension>(
+    grad: ndarray::Array1<G>,
+    gamma: &ArrayRef<P, E>,
+) -> Array<G, E> {
     let len = grad.len();
     grad.into_shape_with_order(gamma.raw_dim())
         .unwrap_or_else(|_| unreachable!("a gradient of {len} elements has the shape of gamma"))
 }
 
-fn shaped_grads<A, D: Dimension, E: Dimension>(
-    grads: LayerNormGrads<A, D>,
-    gamma: &ArrayRef<A, E>,
-) -> Result<LayerNormGrads<A, D, E>, NormError> {
+fn shaped_grads<A, D: Dimension, E: Dimension, P>(
+    grads: LayerNormGrads<A, D, Ix1, P>,
+    gamma: &ArrayRef<P, E>,
+) -> Result<LayerNormGrads<A, D, E, P>, NormError> {
     Ok(LayerNormGrads {
         dx: grads.dx,
         dgamma: shaped(grads.dgamma, gamma),
@@ -625,33 +692,36 @@ fn shaped_grads<A, D: Dimension, E: Dimension>(
 }
 
 /// The validated arguments of the affine forms over several axes.
-struct OverArgs<'a, A: Clone> {
+struct OverArgs<'a, A: NormScalar> {
     d: usize,
-    gamma: Cow<'a, [A]>,
-    beta: Cow<'a, [A]>,
+    gamma: Cow<'a, [Wide<A>]>,
+    beta: Cow<'a, [Wide<A>]>,
     eps: f64,
 }
 
 impl<'a, A: NormScalar> OverArgs<'a, A> {
     /// Checks in the order the errors are documented.
-    fn new<D: Dimension, E: Dimension>(
+    fn new<D: Dimension, E: Dimension, P, Eps>(
         x: &ArrayRef<A, D>,
         axis: Axis,
-        gamma: &'a ArrayRef<A, E>,
-        beta: &'a ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<Self, NormError> {
+        gamma: &'a ArrayRef<P, E>,
+        beta: &'a ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<Self, NormError>
+    where
+        A: NormParam<P> + NormEps<Eps>,
+    {
         let d = check::rows_over(x, axis)?;
         Ok(OverArgs {
             d,
-            gamma: check::trailing_vector(Operand::Gamma, x, axis, gamma)?,
-            beta: check::trailing_vector(Operand::Beta, x, axis, beta)?,
-            eps: check::eps(eps)?,
+            gamma: check::trailing_params(Operand::Gamma, x, axis, gamma)?,
+            beta: check::trailing_params(Operand::Beta, x, axis, beta)?,
+            eps: check::eps::<A, _>(eps)?,
         })
     }
 
     /// The parameters of a call over `elements` elements.
-    fn params(&self, elements: usize) -> CallParams<'_, A> {
+    fn params(&self, elements: usize) -> CallParams<'_, Wide<A>> {
         CallParams::new(
             Affine::ScaleShift(&self.gamma, &self.beta),
             self.d,

@@ -8,8 +8,8 @@ use super::layer_norm::{backward_args, shaped};
 use crate::backward::{self, Dx, RmsNormGrads, RmsNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
-use crate::kernel::{self, Affine, CallParams};
-use crate::scalar::NormScalar;
+use crate::kernel::{Affine, CallParams};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
 use crate::{check, rows, sealed};
 
 /// RMS normalisation over several trailing axes: every subarray over the
@@ -69,12 +69,15 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # let _ = Array1::<f32>::zeros(0);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_over<E: Dimension>(
+    fn rms_norm_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns `x / √(mean(x²) + eps)` over the axes from `axis` on
     /// (without `gamma`), as a new array in standard layout.
@@ -96,7 +99,9 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(x.rms_norm_plain_over(Axis(0), 0.0)?, array![[1.0, -1.0], [1.0, 1.0]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_plain_over(&self, axis: Axis, eps: A) -> Result<Array<A, D>, NormError>;
+    fn rms_norm_plain_over<Eps>(&self, axis: Axis, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Writes [`rms_norm_over`](Self::rms_norm_over) into `out`, which must
     /// have the shape of `self` (any layout).
@@ -120,13 +125,16 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert!(out.abs_diff_eq(&array![[[3.0 / s, 8.0 / s]], [[1.0, -2.0]]], 1e-6));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_into_over<E: Dimension>(
+    fn rms_norm_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes [`rms_norm_plain_over`](Self::rms_norm_plain_over) into
     /// `out`, which must have the shape of `self`.
@@ -148,12 +156,14 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(out, array![[-1.0], [1.0]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_plain_into_over(
+    fn rms_norm_plain_into_over<Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Replaces every subarray over the axes from `axis` on by its RMS
     /// normalisation.
@@ -174,12 +184,15 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(x, array![[[1.0, -1.0], [0.5, 0.5]]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_inplace_over<E: Dimension>(
+    fn rms_norm_inplace_over<E: Dimension, P, Eps>(
         &mut self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Replaces every subarray over the axes from `axis` on by
     /// `x / √(mean(x²) + eps)`.
@@ -200,7 +213,9 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(x, array![[[1.0, 1.0], [-1.0, 1.0]]]);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_plain_inplace_over(&mut self, axis: Axis, eps: A) -> Result<(), NormError>;
+    fn rms_norm_plain_inplace_over<Eps>(&mut self, axis: Axis, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>;
 
     /// Returns [`rms_norm_over`](Self::rms_norm_over) (the same bits) and
     /// the statistics that
@@ -224,12 +239,15 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// # Ok::<(), NormError>(())
     /// ```
     #[allow(clippy::type_complexity)]
-    fn rms_norm_train_over<E: Dimension>(
+    fn rms_norm_train_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(Array<A, D>, RmsNormStats<IxDyn>), NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, RmsNormStats<IxDyn>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns the gradients of [`rms_norm_over`](Self::rms_norm_over) for
     /// the output gradient `dy`, with `dgamma` of the shape of `gamma`.
@@ -264,13 +282,16 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(grads.dgamma.to_shape(4).unwrap(), flat.dgamma);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward_over<E: Dimension>(
+    fn rms_norm_backward_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<RmsNormGrads<A, D, E>, NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<RmsNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Returns the gradients as
     /// [`rms_norm_backward_over`](Self::rms_norm_backward_over) does (the
@@ -299,13 +320,15 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(grads, x.rms_norm_backward_over(Axis(1), &y, &gamma, 1e-6)?);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward_with_stats_over<E: Dimension>(
+    fn rms_norm_backward_with_stats_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &RmsNormStats<IxDyn>,
-    ) -> Result<RmsNormGrads<A, D, E>, NormError>;
+    ) -> Result<RmsNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>;
 
     /// Writes `dx` into `dx` (an array of the input's shape, any layout)
     /// and returns `dgamma` of the shape of `gamma`, with the bits of
@@ -332,14 +355,17 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!((dx, dgamma), (grads.dx, grads.dgamma));
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward_into_over<E: Dimension>(
+    fn rms_norm_backward_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<Array<A, E>, NormError>;
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<Array<P, E>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>;
 
     /// Writes `dx` into `dx` and returns `dgamma`, from the statistics that
     /// [`rms_norm_train_over`](Self::rms_norm_train_over) saved, with the
@@ -367,115 +393,146 @@ pub trait RmsNormOverExt<A: NormScalar, D: Dimension>: sealed::Sealed {
     /// assert_eq!(dx, x.rms_norm_backward_over(Axis(1), &y, &gamma, 1e-6)?.dx);
     /// # Ok::<(), NormError>(())
     /// ```
-    fn rms_norm_backward_with_stats_into_over<E: Dimension>(
+    fn rms_norm_backward_with_stats_into_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &RmsNormStats<IxDyn>,
-    ) -> Result<Array<A, E>, NormError>;
+    ) -> Result<Array<P, E>, NormError>
+    where
+        A: NormParam<P>;
 }
 
 impl<A: NormScalar, D: Dimension> RmsNormOverExt<A, D> for ArrayRef<A, D> {
-    fn rms_norm_over<E: Dimension>(
+    fn rms_norm_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<Array<A, D>, NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<Array<A, D>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = scale_args(self, axis, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            A::rms_norm_rows(isa, io, rows, params.params(), eps)
         })
     }
 
-    fn rms_norm_plain_over(&self, axis: Axis, eps: A) -> Result<Array<A, D>, NormError> {
+    fn rms_norm_plain_over<Eps>(&self, axis: Axis, eps: Eps) -> Result<Array<A, D>, NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::rows_over(self, axis)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
+            A::rms_norm_rows(isa, io, rows, plain.params(), eps)
         })
     }
 
-    fn rms_norm_into_over<E: Dimension>(
+    fn rms_norm_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = scale_args(self, axis, gamma, eps)?;
         check::same_shape(self, out)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            A::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn rms_norm_plain_into_over(
+    fn rms_norm_plain_into_over<Eps>(
         &self,
         axis: Axis,
         out: &mut ArrayRef<A, D>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::rows_over(self, axis)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         check::same_shape(self, out)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_into(self, out, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
+            A::rms_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
 
-    fn rms_norm_inplace_over<E: Dimension>(
+    fn rms_norm_inplace_over<E: Dimension, P, Eps>(
         &mut self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(), NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = scale_args(self, axis, gamma, eps)?;
         let params = CallParams::new(Affine::Scale(&gamma), d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, params.params(), eps)
+            A::rms_norm_rows(isa, io, rows, params.params(), eps)
         });
         Ok(())
     }
 
-    fn rms_norm_plain_inplace_over(&mut self, axis: Axis, eps: A) -> Result<(), NormError> {
+    fn rms_norm_plain_inplace_over<Eps>(&mut self, axis: Axis, eps: Eps) -> Result<(), NormError>
+    where
+        A: NormEps<Eps>,
+    {
         let d = check::rows_over(self, axis)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let plain = CallParams::new(Affine::Identity, d, self.len());
         rows::map_rows_in_place(self, d, |isa, io, rows| {
-            kernel::rms_norm_rows(isa, io, rows, plain.params(), eps)
+            A::rms_norm_rows(isa, io, rows, plain.params(), eps)
         });
         Ok(())
     }
 
-    fn rms_norm_train_over<E: Dimension>(
+    fn rms_norm_train_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<(Array<A, D>, RmsNormStats<IxDyn>), NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<(Array<A, D>, RmsNormStats<IxDyn>), NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gamma, eps) = scale_args(self, axis, gamma, eps)?;
         let leading = super::leading(self, axis);
         backward::rms_norm_train(self, d, leading, Gain::Gamma(&gamma), eps)
     }
 
-    fn rms_norm_backward_over<E: Dimension>(
+    fn rms_norm_backward_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<RmsNormGrads<A, D, E>, NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<RmsNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let grads = backward::rms_norm_grads(self, dy, d, Gain::Gamma(&gain), None, eps)?;
         Ok(RmsNormGrads {
             dx: grads.dx,
@@ -483,13 +540,16 @@ impl<A: NormScalar, D: Dimension> RmsNormOverExt<A, D> for ArrayRef<A, D> {
         })
     }
 
-    fn rms_norm_backward_with_stats_over<E: Dimension>(
+    fn rms_norm_backward_with_stats_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &RmsNormStats<IxDyn>,
-    ) -> Result<RmsNormGrads<A, D, E>, NormError> {
+    ) -> Result<RmsNormGrads<A, D, E, P>, NormError>
+    where
+        A: NormParam<P>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
         super::check_stats(self, axis, stats.input_shape(), stats.rows().shape())?;
         let saved = backward::in_row_order(stats.rows());
@@ -500,17 +560,21 @@ impl<A: NormScalar, D: Dimension> RmsNormOverExt<A, D> for ArrayRef<A, D> {
         })
     }
 
-    fn rms_norm_backward_into_over<E: Dimension>(
+    fn rms_norm_backward_into_over<E: Dimension, P, Eps>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
-        eps: A,
-    ) -> Result<Array<A, E>, NormError> {
+        gamma: &ArrayRef<P, E>,
+        eps: Eps,
+    ) -> Result<Array<P, E>, NormError>
+    where
+        A: NormParam<P>,
+        A: NormEps<Eps>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
         check::same_shape(self, dx)?;
-        let eps = check::eps(eps)?;
+        let eps = check::eps::<A, _>(eps)?;
         let dgamma = backward::rms_norm_grads_into(
             self,
             dy,
@@ -523,14 +587,17 @@ impl<A: NormScalar, D: Dimension> RmsNormOverExt<A, D> for ArrayRef<A, D> {
         Ok(shaped(dgamma, gamma))
     }
 
-    fn rms_norm_backward_with_stats_into_over<E: Dimension>(
+    fn rms_norm_backward_with_stats_into_over<E: Dimension, P>(
         &self,
         axis: Axis,
         dx: &mut ArrayRef<A, D>,
         dy: &ArrayRef<A, D>,
-        gamma: &ArrayRef<A, E>,
+        gamma: &ArrayRef<P, E>,
         stats: &RmsNormStats<IxDyn>,
-    ) -> Result<Array<A, E>, NormError> {
+    ) -> Result<Array<P, E>, NormError>
+    where
+        A: NormParam<P>,
+    {
         let (d, gain) = backward_args(self, axis, dy, gamma)?;
         check::same_shape(self, dx)?;
         super::check_stats(self, axis, stats.input_shape(), stats.rows().shape())?;
@@ -550,13 +617,20 @@ impl<A: NormScalar, D: Dimension> RmsNormOverExt<A, D> for ArrayRef<A, D> {
 
 /// Validates the arguments of the forms with `gamma`, in the order the
 /// errors are documented.
-fn scale_args<'a, A: NormScalar, D: Dimension, E: Dimension>(
+fn scale_args<
+    'a,
+    A: NormScalar + NormParam<P> + NormEps<Eps>,
+    D: Dimension,
+    E: Dimension,
+    P,
+    Eps,
+>(
     x: &ArrayRef<A, D>,
     axis: Axis,
-    gamma: &'a ArrayRef<A, E>,
-    eps: A,
-) -> Result<(usize, Cow<'a, [A]>, f64), NormError> {
+    gamma: &'a ArrayRef<P, E>,
+    eps: Eps,
+) -> Result<(usize, Cow<'a, [Wide<A>]>, f64), NormError> {
     let d = check::rows_over(x, axis)?;
-    let gamma = check::trailing_vector(Operand::Gamma, x, axis, gamma)?;
-    Ok((d, gamma, check::eps(eps)?))
+    let gamma = check::trailing_params(Operand::Gamma, x, axis, gamma)?;
+    Ok((d, gamma, check::eps::<A, _>(eps)?))
 }

@@ -255,6 +255,8 @@ macro_rules! gathered_walks {
 }
 
 gathered_walks!(f32, f64);
+#[cfg(feature = "half")]
+gathered_walks!(half::f16, half::bf16);
 
 /// How the rows of an array are laid out: the lanes of a row and the
 /// memory offset of each, the same for every row of the array.

@@ -33,7 +33,7 @@ use ndarray::{s, ArrayView, ArrayView2, ArrayViewMut, ArrayViewMut2, Axis, Ix1, 
 #[cfg(feature = "rayon")]
 use rayon::prelude::*;
 
-use crate::kernel::{cache, transpose_lines, Io, Isa};
+use crate::kernel::{cache, Io, Isa};
 use crate::scalar::NormScalar;
 
 /// Bytes of row data a gather block holds: as many rows as fit, within
@@ -330,6 +330,8 @@ macro_rules! strided_walks {
 }
 
 strided_walks!(f32, f64);
+#[cfg(feature = "half")]
+strided_walks!(half::f16, half::bf16);
 
 /// `out[r] = kernel(x[r])` for every row `r` (same shapes). With `stream`,
 /// rows written straight into `out` are written past the caches
@@ -744,7 +746,7 @@ impl<A: NormScalar> LineTile<A> {
     fn store_rows(&self, rows: &mut [A], d: usize, strip: Range<usize>) {
         let tile = self.columns.as_flattened();
         let rows = &mut rows[strip.start..];
-        transpose_lines(
+        A::transpose_lines(
             self.isa,
             tile,
             MAX_BLOCK_ROWS,
@@ -759,7 +761,7 @@ impl<A: NormScalar> LineTile<A> {
     fn load_rows(&mut self, rows: &[A], d: usize, strip: Range<usize>) {
         let tile = self.columns.as_flattened_mut();
         let rows = &rows[strip.start..];
-        transpose_lines(
+        A::transpose_lines(
             self.isa,
             rows,
             d,
