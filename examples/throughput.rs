@@ -58,6 +58,8 @@ use rayon::ThreadPool;
 /// Elements per chunk of the parallel copy.
 const COPY_CHUNK: usize = 1 << 14;
 
+#[cfg(feature = "half")]
+mod halves;
 #[path = "../benches/common/naive.rs"]
 mod naive;
 use naive::{naive_layer_norm, naive_rms_norm, naive_stats, Elem, EPS};
@@ -549,6 +551,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     header();
     sections::<f32>(&pools, &wanted)?;
     sections::<f64>(&pools, &wanted)?;
+    #[cfg(feature = "half")]
+    if wanted.wants("half") {
+        halves::section(&pools)?;
+    }
     println!("\n(total {:.1} s)", start.elapsed().as_secs_f64());
     Ok(())
 }

@@ -11,7 +11,7 @@ use crate::kernel::backward::{
     ColumnSum, Gain, Inputs, LineAligned, Partials, RowCentring, RowScaling, Saved, BLOCK_ROWS,
 };
 use crate::kernel::{cache, Affine, Isa};
-use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide, WideParams};
 use crate::{check, fresh, rows, sealed};
 
 #[cfg(feature = "rayon")]
@@ -917,7 +917,7 @@ pub(crate) fn backward_args<'a, A: NormScalar + NormParam<P>, D: Dimension, P>(
     x: &ArrayRef<A, D>,
     dy: &ArrayRef<A, D>,
     gamma: &'a ArrayRef1<P>,
-) -> Result<(usize, Cow<'a, [Wide<A>]>), NormError> {
+) -> Result<(usize, WideParams<'a, A>), NormError> {
     let d = check::row_length(x)?;
     check::shape_of(Operand::Gradient, x, dy.shape())?;
     let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;

@@ -9,7 +9,7 @@ use crate::error::{NormError, Operand};
 use crate::fresh::Fresh;
 use crate::kernel::backward::BLOCK_ROWS;
 use crate::kernel::{Affine, CallParams, Io, Isa};
-use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide, WideParams};
 use crate::{check, fresh, sealed};
 
 /// The residual add of a pre-norm transformer block fused with the
@@ -264,7 +264,7 @@ fn rms_norm_args<'a, A: NormScalar + NormParam<P> + NormEps<Eps>, D: Dimension, 
     residual: &ArrayRef<A, D>,
     gamma: &'a ArrayRef1<P>,
     eps: Eps,
-) -> Result<(usize, Cow<'a, [Wide<A>]>, f64), NormError> {
+) -> Result<(usize, WideParams<'a, A>, f64), NormError> {
     let d = check::row_length(x)?;
     check::shape_of(Operand::Residual, x, residual.shape())?;
     let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;

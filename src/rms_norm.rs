@@ -1,12 +1,10 @@
 //! RMSNorm along the last axis.
 
-use std::borrow::Cow;
-
 use ndarray::{Array, ArrayRef, ArrayRef1, Dimension};
 
 use crate::error::{NormError, Operand};
 use crate::kernel::{Affine, CallParams};
-use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
+use crate::scalar::{NormEps, NormParam, NormScalar, WideParams};
 use crate::{check, rows, sealed};
 
 /// Root-mean-square normalisation of every vector along the last axis of an
@@ -295,7 +293,7 @@ fn scale_args<'a, A: NormScalar + NormParam<P> + NormEps<Eps>, D: Dimension, P, 
     x: &ArrayRef<A, D>,
     gamma: &'a ArrayRef1<P>,
     eps: Eps,
-) -> Result<(usize, Cow<'a, [Wide<A>]>, f64), NormError> {
+) -> Result<(usize, WideParams<'a, A>, f64), NormError> {
     let d = check::row_length(x)?;
     let gamma = check::params::<A, _>(Operand::Gamma, gamma, d)?;
     Ok((d, gamma, check::eps::<A, _>(eps)?))

@@ -154,6 +154,9 @@ pub trait NormEps<E>: sealed::Sealed {
 /// for `f32` and `f64`, `f32` for the half types.
 pub(crate) type Wide<A> = <A as Kernels>::Compute;
 
+/// Per-feature parameters as the kernels of `A` read them.
+pub(crate) type WideParams<'a, A> = Cow<'a, [Wide<A>]>;
+
 /// An element type the row kernels compute on directly (`f32`, `f64`):
 /// how its chunks move to and from the kernel vector.
 #[doc(hidden)]
@@ -322,10 +325,10 @@ impl NormScalar for f64 {
         hi
     }
     fn kept_eps(eps: f64) -> Self {
-        eps as f64
+        eps
     }
     fn kept_eps_value(eps: Self) -> f64 {
-        f64::from(eps)
+        eps
     }
 }
 
@@ -380,7 +383,7 @@ impl NormParam<f64> for f64 {
 
 impl NormEps<f64> for f64 {
     fn eps_value(eps: Self) -> f64 {
-        f64::from(eps)
+        eps
     }
 }
 

@@ -38,40 +38,175 @@ fn block_rows(d: usize) -> usize {
     (BLOCK_ELEMS / d.max(1)).max(1)
 }
 
-/// Exact widening and correctly rounded narrowing of a half type's slices.
-trait Half: Copy + Default + 'static
-where
-    [Self]: HalfFloatSliceExt,
-{
-    fn widen_into(src: &[Self], dst: &mut Vec<f32>) {
-        dst.clear();
-        dst.resize(src.len(), 0.0);
+/// Exact widening and correctly rounded narrowing of a half type's slices,
+/// with the conversion instructions of the instruction set.
+trait Half: Copy + 'static {
+    /// `src` widened into the first `src.len()` elements of `dst` (grown,
+    /// never shrunk or cleared: its old contents are overwritten).
+    fn widen_into(isa: Isa, src: &[Self], dst: &mut Vec<f32>) {
+        if dst.len() < src.len() {
+            dst.resize(src.len(), 0.0);
+        }
+        Self::widen(isa, src, &mut dst[..src.len()]);
+    }
+    fn widen(isa: Isa, src: &[Self], dst: &mut [f32]);
+    fn narrow(isa: Isa, src: &[f32], dst: &mut [Self]);
+}
+
+impl Half for f16 {
+    fn widen(isa: Isa, src: &[Self], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 {
+            // SAFETY: `Isa::Avx512` is only detected with AVX-512 F.
+            return unsafe { convert::f16_to_f32_avx512(src, dst) };
+        }
+        let _ = isa;
         src.convert_to_f32_slice(dst);
     }
-    fn narrow_from(src: &[f32], dst: &mut [Self]) {
+    fn narrow(isa: Isa, src: &[f32], dst: &mut [Self]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 {
+            // SAFETY: `Isa::Avx512` is only detected with AVX-512 F.
+            return unsafe { convert::f32_to_f16_avx512(src, dst) };
+        }
+        let _ = isa;
         dst.convert_from_f32_slice(src);
     }
 }
 
-impl Half for f16 {}
-impl Half for bf16 {}
+impl Half for bf16 {
+    fn widen(isa: Isa, src: &[Self], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            // SAFETY: `Isa::Avx512` is only detected with AVX-512 F/VL/BW.
+            Isa::Avx512 => return unsafe { convert::bf16_to_f32_avx512(src, dst) },
+            // SAFETY: `Isa::Avx2` is only detected with AVX2.
+            Isa::Avx2 => return unsafe { convert::bf16_to_f32_avx2(src, dst) },
+            Isa::Portable => {}
+        }
+        convert::bf16_to_f32(src, dst);
+    }
+    fn narrow(isa: Isa, src: &[f32], dst: &mut [Self]) {
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            // SAFETY: `Isa::Avx512` is only detected with AVX-512 F/VL/BW.
+            Isa::Avx512 => return unsafe { convert::f32_to_bf16_avx512(src, dst) },
+            // SAFETY: `Isa::Avx2` is only detected with AVX2.
+            Isa::Avx2 => return unsafe { convert::f32_to_bf16_avx2(src, dst) },
+            Isa::Portable => {}
+        }
+        convert::f32_to_bf16(src, dst);
+    }
+}
+
+/// The conversion loops. `bf16` is the top half of an `f32`, so its
+/// conversions are integer operations that the compiler vectorises for
+/// each target feature set; `f16` takes `vcvtph2ps` / `vcvtps2ph` (AVX-512
+/// F), sixteen elements per instruction, and elsewhere the `half` crate's
+/// slice conversions, which use F16C where the CPU has it. (AVX-512 BF16's
+/// `vcvtneps2bf16` flushes subnormals to zero, so it is not used.)
+mod convert {
+    use half::{bf16, f16};
+
+    #[inline(always)]
+    pub(super) fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+
+    /// Round to nearest, ties to even, on the bits; a NaN stays a (quiet)
+    /// NaN. Subnormals round like every other value, as they share
+    /// `f32`'s exponent range.
+    #[inline(always)]
+    pub(super) fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            let bits = s.to_bits();
+            let rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+            let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+            let quiet = (bits >> 16) | 0x40;
+            *d = bf16::from_bits(if nan { quiet } else { rounded } as u16);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn bf16_to_f32_avx2(src: &[bf16], dst: &mut [f32]) {
+        bf16_to_f32(src, dst)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn f32_to_bf16_avx2(src: &[f32], dst: &mut [bf16]) {
+        f32_to_bf16(src, dst)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn bf16_to_f32_avx512(src: &[bf16], dst: &mut [f32]) {
+        bf16_to_f32(src, dst)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn f32_to_bf16_avx512(src: &[f32], dst: &mut [bf16]) {
+        f32_to_bf16(src, dst)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn f16_to_f32_avx512(src: &[f16], dst: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let n = src.len().min(dst.len());
+        let whole = n / 16 * 16;
+        for at in (0..whole).step_by(16) {
+            // SAFETY: `at + 16 <= n`, within both slices; unaligned loads
+            // and stores.
+            unsafe {
+                let halves = _mm256_loadu_si256(src.as_ptr().add(at).cast());
+                _mm512_storeu_ps(dst.as_mut_ptr().add(at), _mm512_cvtph_ps(halves));
+            }
+        }
+        for (d, s) in dst[whole..n].iter_mut().zip(&src[whole..n]) {
+            *d = s.to_f32();
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn f32_to_f16_avx512(src: &[f32], dst: &mut [f16]) {
+        use std::arch::x86_64::*;
+        let n = src.len().min(dst.len());
+        let whole = n / 16 * 16;
+        for at in (0..whole).step_by(16) {
+            // SAFETY: as in `f16_to_f32_avx512`. `vcvtps2ph` rounds to
+            // nearest, ties to even, also into subnormals and infinity.
+            unsafe {
+                let wide = _mm512_loadu_ps(src.as_ptr().add(at));
+                let halves = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(wide);
+                _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), halves);
+            }
+        }
+        for (d, &s) in dst[whole..n].iter_mut().zip(&src[whole..n]) {
+            *d = f16::from_f32(s);
+        }
+    }
+}
 
 /// Applies `kernel` to the rows of `io` (rows of `d` elements) through
 /// widened blocks: `kernel(block, rows)` normalises `rows` rows of `block`
 /// in place.
-fn map_widened<H: Half>(mut io: Io<'_, H>, d: usize, kernel: impl Fn(&mut [f32], usize))
-where
-    [H]: HalfFloatSliceExt,
-{
+fn map_widened<H: Half>(isa: Isa, mut io: Io<'_, H>, d: usize, kernel: impl Fn(&mut [f32], usize)) {
     let step = block_rows(d) * d;
     with_buffers(|[wide, ..]| {
         let total = io.input().len();
         let mut at = 0;
         while at < total {
             let end = (at + step).min(total);
-            H::widen_into(&io.input()[at..end], wide);
-            kernel(wide, (end - at) / d);
-            H::narrow_from(wide, &mut io.output()[at..end]);
+            H::widen_into(isa, &io.input()[at..end], wide);
+            let block = &mut wide[..end - at];
+            kernel(block, (end - at) / d);
+            H::narrow(isa, block, &mut io.output()[at..end]);
             at = end;
         }
     });
@@ -91,7 +226,7 @@ macro_rules! half_kernels {
                 eps: f64,
             ) {
                 let d = io.input().len() / rows.max(1);
-                map_widened(io, d, |block, rows| {
+                map_widened(isa, io, d, |block, rows| {
                     f32::layer_norm_rows(isa, Io::InPlace(block), rows, params, eps)
                 });
             }
@@ -104,15 +239,15 @@ macro_rules! half_kernels {
                 eps: f64,
             ) {
                 let d = io.input().len() / rows.max(1);
-                map_widened(io, d, |block, rows| {
+                map_widened(isa, io, d, |block, rows| {
                     f32::rms_norm_rows(isa, Io::InPlace(block), rows, params, eps)
                 });
             }
 
             fn row_stats(isa: Isa, x: &[Self]) -> RowStats {
                 with_buffers(|[wide, ..]| {
-                    <$half>::widen_into(x, wide);
-                    f32::row_stats(isa, wide)
+                    <$half>::widen_into(isa, x, wide);
+                    f32::row_stats(isa, &wide[..x.len()])
                 })
             }
 
@@ -141,7 +276,7 @@ macro_rules! half_kernels {
                 eps: f64,
                 stats: &mut [RowCentring],
             ) {
-                train_widened(x, y, d, stats, |x, y, stats| {
+                train_widened(isa, x, y, d, stats, |x, y, stats| {
                     f32::layer_norm_train_block(isa, x, y, d, affine, eps, stats)
                 });
             }
@@ -155,7 +290,7 @@ macro_rules! half_kernels {
                 eps: f64,
                 stats: &mut [RowScaling],
             ) {
-                train_widened(x, y, d, stats, |x, y, stats| {
+                train_widened(isa, x, y, d, stats, |x, y, stats| {
                     f32::rms_norm_train_block(isa, x, y, d, affine, eps, stats)
                 });
             }
@@ -167,7 +302,7 @@ macro_rules! half_kernels {
                 saved: Saved<'_, RowCentring>,
                 partials: &mut Partials,
             ) {
-                backward_widened(inputs, dx, saved, partials, |inputs, dx, saved, partials| {
+                backward_widened(isa, inputs, dx, saved, partials, |inputs, dx, saved, partials| {
                     f32::layer_norm_backward_block(isa, inputs, dx, saved, partials)
                 });
             }
@@ -179,7 +314,7 @@ macro_rules! half_kernels {
                 saved: Saved<'_, RowScaling>,
                 partials: &mut Partials,
             ) {
-                backward_widened(inputs, dx, saved, partials, |inputs, dx, saved, partials| {
+                backward_widened(isa, inputs, dx, saved, partials, |inputs, dx, saved, partials| {
                     f32::rms_norm_backward_block(isa, inputs, dx, saved, partials)
                 });
             }
@@ -192,23 +327,24 @@ half_kernels!(f16, bf16);
 /// A training block through widened blocks of rows: `kernel(x, y, stats)`
 /// normalises the widened rows `x` into `y`, saving one entry per row.
 fn train_widened<H: Half, T>(
+    isa: Isa,
     x: &[H],
     y: &mut [H],
     d: usize,
     stats: &mut [T],
     kernel: impl Fn(&[f32], &mut [f32], &mut [T]),
-) where
-    [H]: HalfFloatSliceExt,
-{
+) {
     let rows = block_rows(d);
     with_buffers(|[wide_x, wide_y, _]| {
         let pieces = x.chunks(rows * d).zip(y.chunks_mut(rows * d));
         for ((x, y), stats) in pieces.zip(stats.chunks_mut(rows)) {
-            H::widen_into(x, wide_x);
-            wide_y.clear();
-            wide_y.resize(x.len(), 0.0);
-            kernel(wide_x, wide_y, stats);
-            H::narrow_from(wide_y, y);
+            H::widen_into(isa, x, wide_x);
+            if wide_y.len() < x.len() {
+                wide_y.resize(x.len(), 0.0);
+            }
+            let wide_y = &mut wide_y[..x.len()];
+            kernel(&wide_x[..x.len()], wide_y, stats);
+            H::narrow(isa, wide_y, y);
         }
     });
 }
@@ -216,37 +352,123 @@ fn train_widened<H: Half, T>(
 /// A backward block through widened blocks of rows, whose partials are
 /// added in row order as the `f32` kernel adds them.
 fn backward_widened<H: Half, T>(
+    isa: Isa,
     inputs: Inputs<'_, H>,
     dx: &mut [H],
     saved: Saved<'_, T>,
     partials: &mut Partials,
     kernel: impl Fn(Inputs<'_, f32>, &mut [f32], Saved<'_, T>, &mut Partials),
-) where
-    [H]: HalfFloatSliceExt,
-{
+) {
     let d = inputs.d;
     let rows = block_rows(d);
     with_buffers(|[wide_x, wide_dy, wide_dx]| {
         let pieces = inputs.x.chunks(rows * d).zip(inputs.dy.chunks(rows * d));
         for (block, ((x, dy), dx)) in pieces.zip(dx.chunks_mut(rows * d)).enumerate() {
-            H::widen_into(x, wide_x);
-            H::widen_into(dy, wide_dy);
-            wide_dx.clear();
-            wide_dx.resize(x.len(), 0.0);
+            H::widen_into(isa, x, wide_x);
+            H::widen_into(isa, dy, wide_dy);
+            if wide_dx.len() < x.len() {
+                wide_dx.resize(x.len(), 0.0);
+            }
+            let wide_dx = &mut wide_dx[..x.len()];
             let saved = match saved {
                 Saved::Compute(eps) => Saved::Compute(eps),
                 Saved::Rows(all) => Saved::Rows(all.get(block * rows..).unwrap_or_default()),
             };
             let widened = Inputs {
-                x: wide_x,
-                dy: wide_dy,
+                x: &wide_x[..x.len()],
+                dy: &wide_dy[..x.len()],
                 d,
                 gain: inputs.gain,
                 prefetch: false,
                 stream: false,
             };
             kernel(widened, wide_dx, saved, partials);
-            H::narrow_from(wide_dx, dx);
+            H::narrow(isa, wide_dx, dx);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `f32` values that test a narrowing: every half value, the midpoints
+    /// of neighbours and values a hair either side, zeros, infinities,
+    /// NaNs and `f32` subnormals.
+    fn narrowing_inputs(widen: impl Fn(u16) -> f32) -> Vec<f32> {
+        let mut values = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+        ];
+        values.extend([
+            f32::from_bits(1),
+            f32::from_bits(0x7f_ffff),
+            f32::MAX,
+            -f32::MAX,
+        ]);
+        for bits in 0..u16::MAX {
+            let (a, b) = (widen(bits), widen(bits + 1));
+            values.push(a);
+            if a.is_finite() && b.is_finite() && a.is_sign_negative() == b.is_sign_negative() {
+                let mid = ((f64::from(a) + f64::from(b)) / 2.0) as f32;
+                values.extend([mid, mid.next_up(), mid.next_down()]);
+            }
+        }
+        values
+    }
+
+    /// Every instruction set converts as the portable code does, and the
+    /// portable code as the `half` crate does (NaNs compared as NaNs).
+    fn check_paths<H: Half + PartialEq + std::fmt::Debug>(
+        from_bits: fn(u16) -> H,
+        to_bits: fn(H) -> u16,
+        reference_narrow: fn(f32) -> H,
+    ) {
+        let all: Vec<H> = (0..=u16::MAX).map(from_bits).collect();
+        let inputs = narrowing_inputs(|b| {
+            let mut out = [0.0];
+            H::widen(Isa::Portable, &[from_bits(b)], &mut out);
+            out[0]
+        });
+        let mut portable_wide = vec![0.0; all.len()];
+        H::widen(Isa::Portable, &all, &mut portable_wide);
+        let mut portable_narrow = vec![from_bits(0); inputs.len()];
+        H::narrow(Isa::Portable, &inputs, &mut portable_narrow);
+        for (&got, &input) in portable_narrow.iter().zip(&inputs) {
+            let want = reference_narrow(input);
+            let both_nan =
+                input.is_nan() && to_bits(got) & 0x7fff > to_bits(reference_narrow(f32::INFINITY));
+            assert!(both_nan || to_bits(got) == to_bits(want), "{input:e}");
+        }
+        for isa in Isa::available() {
+            let mut wide = vec![0.0; all.len()];
+            H::widen(isa, &all, &mut wide);
+            for (a, b) in wide.iter().zip(&portable_wide) {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{isa:?}"
+                );
+            }
+            let mut narrow = vec![from_bits(0); inputs.len()];
+            H::narrow(isa, &inputs, &mut narrow);
+            for ((&a, &b), input) in narrow.iter().zip(&portable_narrow).zip(&inputs) {
+                let nan = input.is_nan();
+                assert!(to_bits(a) == to_bits(b) || nan, "{isa:?} {input:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_conversions_agree_on_every_instruction_set() {
+        check_paths(f16::from_bits, f16::to_bits, f16::from_f32);
+    }
+
+    #[test]
+    fn bf16_conversions_agree_on_every_instruction_set() {
+        check_paths(bf16::from_bits, bf16::to_bits, bf16::from_f32);
+    }
 }

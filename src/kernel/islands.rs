@@ -25,7 +25,7 @@ pub(crate) trait Island {
 /// Runs [`Island`]s compiled for one vector type.
 ///
 /// Public only because [`Vector`] (reachable through
-/// [`KernelScalar`](crate::KernelScalar)'s hidden methods) requires it; its
+/// [`KernelScalar`](crate::scalar::KernelScalar)'s hidden methods) requires it; its
 /// bound is crate-private, so no other crate can call or implement it.
 #[allow(private_bounds, private_interfaces)]
 pub trait Islands {

@@ -232,7 +232,7 @@ impl Isa {
         isas
     }
 
-    /// Whether [`transpose_lines`] moves whole squares in registers on
+    /// Whether [`Kernels::transpose_lines`] moves whole squares in registers on
     /// this instruction set, rather than one element at a time.
     pub(crate) fn transposes_in_registers(self) -> bool {
         #[cfg(target_arch = "x86_64")]

@@ -159,9 +159,9 @@ impl<A: NormScalar> LayerNorm<A> {
     /// # }
     /// # Ok::<(), ndarray_layernorm::NormError>(())
     /// ```
-    pub fn for_input<B: NormScalar>(self) -> LayerNorm<B, A>
+    pub fn for_input<B>(self) -> LayerNorm<B, A>
     where
-        B: NormParam<A>,
+        B: NormScalar + NormParam<A>,
     {
         LayerNorm {
             gamma: self.gamma,

@@ -1,14 +1,12 @@
 //! The RMSNorm layer.
 
-use std::borrow::Cow;
-
 use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, Ix1, RemoveAxis};
 
 use crate::backward::{self, RmsNormGrads, RmsNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
 use crate::kernel::CallParams;
-use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide, WideParams};
 use crate::{check, rows};
 
 /// An RMSNorm layer over the last axis, or over the last axes of a
@@ -166,9 +164,9 @@ impl<A: NormScalar> RmsNorm<A> {
     /// # }
     /// # Ok::<(), ndarray_layernorm::NormError>(())
     /// ```
-    pub fn for_input<B: NormScalar>(self) -> RmsNorm<B, A>
+    pub fn for_input<B>(self) -> RmsNorm<B, A>
     where
-        B: NormParam<A>,
+        B: NormScalar + NormParam<A>,
     {
         RmsNorm {
             gamma: self.gamma,
@@ -444,7 +442,7 @@ impl<A: NormScalar + NormParam<P>, P> RmsNorm<A, P> {
     fn args<D: Dimension>(
         &self,
         x: &ArrayRef<A, D>,
-    ) -> Result<(usize, Cow<'_, [Wide<A>]>, f64), NormError> {
+    ) -> Result<(usize, WideParams<'_, A>, f64), NormError> {
         let d = super::rows_of(x, &self.shape)?;
         let weights = check::params::<A, _>(Operand::Gamma, &self.gamma, d)?;
         Ok((d, weights, check::valid_eps(A::kept_eps_value(self.eps))?))

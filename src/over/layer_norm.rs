@@ -8,7 +8,7 @@ use crate::backward::{self, Dx, LayerNormGrads, LayerNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
 use crate::kernel::{Affine, CallParams};
-use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
+use crate::scalar::{NormEps, NormParam, NormScalar, Wide, WideParams};
 use crate::{check, rows, sealed};
 
 /// Layer normalisation over several trailing axes: every subarray over the
@@ -662,7 +662,7 @@ pub(super) fn backward_args<'a, A: NormScalar + NormParam<P>, D: Dimension, E: D
     axis: Axis,
     dy: &ArrayRef<A, D>,
     gamma: &'a ArrayRef<P, E>,
-) -> Result<(usize, Cow<'a, [Wide<A>]>), NormError> {
+) -> Result<(usize, WideParams<'a, A>), NormError> {
     let d = check::rows_over(x, axis)?;
     check::shape_of(Operand::Gradient, x, dy.shape())?;
     let gamma = check::trailing_params(Operand::Gamma, x, axis, gamma)?;

@@ -1,7 +1,5 @@
 //! RMSNorm over the axes from `Axis(a)` to the last.
 
-use std::borrow::Cow;
-
 use ndarray::{Array, ArrayRef, Axis, Dimension, IxDyn};
 
 use super::layer_norm::{backward_args, shaped};
@@ -9,7 +7,7 @@ use crate::backward::{self, Dx, RmsNormGrads, RmsNormStats};
 use crate::error::{NormError, Operand};
 use crate::kernel::backward::Gain;
 use crate::kernel::{Affine, CallParams};
-use crate::scalar::{NormEps, NormParam, NormScalar, Wide};
+use crate::scalar::{NormEps, NormParam, NormScalar, WideParams};
 use crate::{check, rows, sealed};
 
 /// RMS normalisation over several trailing axes: every subarray over the
@@ -629,7 +627,7 @@ fn scale_args<
     axis: Axis,
     gamma: &'a ArrayRef<P, E>,
     eps: Eps,
-) -> Result<(usize, Cow<'a, [Wide<A>]>, f64), NormError> {
+) -> Result<(usize, WideParams<'a, A>, f64), NormError> {
     let d = check::rows_over(x, axis)?;
     let gamma = check::trailing_params(Operand::Gamma, x, axis, gamma)?;
     Ok((d, gamma, check::eps::<A, _>(eps)?))

@@ -654,7 +654,7 @@ const LINE_TILE_COLUMNS: usize = 16;
 /// Each column piece is read whole, as one run of memory, instead of one
 /// element per row visit; the transposition then happens between the tile,
 /// which sits in L1, and whole cache lines of the rows, by the kernel's
-/// [`transpose_lines`]: squares of a cache line each way in registers where
+/// [`Kernels::transpose_lines`](crate::kernel::Kernels::transpose_lines): squares of a cache line each way in registers where
 /// the instruction set allows (AVX-512, AVX2), element by element elsewhere
 /// and at the edges. Scattering goes the other way through the same tile.
 ///

@@ -35,9 +35,7 @@ fn round_to_odd(hi: f64, lo: f64) -> f32 {
     } else {
         above
     };
-    let truncated = if beyond && nearest != 0.0 {
-        f32::from_bits(nearest.to_bits() - 1)
-    } else if nearest.is_infinite() {
+    let truncated = if (beyond && nearest != 0.0) || nearest.is_infinite() {
         f32::from_bits(nearest.to_bits() - 1)
     } else {
         nearest
@@ -134,7 +132,11 @@ mod tests {
             }
             let mid = (a + b) / 2.0;
             let nudge = mid.abs() * f64::EPSILON;
-            let (near_a, near_b) = if a < b { (-nudge, nudge) } else { (nudge, -nudge) };
+            let (near_a, near_b) = if a < b {
+                (-nudge, nudge)
+            } else {
+                (nudge, -nudge)
+            };
             let same = |got: H, want: f64| {
                 assert_eq!(got.widen().to_bits(), want.to_bits(), "between {a} and {b}")
             };
