@@ -12,7 +12,7 @@
 # main.rs and times its rebuild. Prints one line of seconds.
 #
 #   scripts/build-time.sh            # default features
-#   FEATURES=half scripts/build-time.sh
+#   FEATURES=half scripts/build-time.sh   # also calls them for f16 and bf16
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -86,6 +86,12 @@ fn main() {
     println!("{}", forms(1e-5));
 }'
 dependency="ndarray-layernorm = { path = \"$root\"${features:+, features = [\"$features\"]} }"
+if [[ $features == *half* ]]; then
+    dependency="$dependency
+half = \"2\""
+    calls=${calls/'forms(1e-5f64)?);'/'forms(1e-5f64)?);
+    println!("{} {}", forms(half::f16::from_f32(1e-3))?, forms(half::bf16::from_f32(1e-3))?);'}
+fi
 write_crate with_crate "$dependency" "$calls"
 write_crate without_crate "" "$plain"
 

@@ -1,6 +1,7 @@
 //! LayerNorm, RMSNorm and their statistics along the last axis (or the last
-//! few axes) of any [`ndarray`] array, for `f32` and `f64`, accurate to
-//! within an ulp (`f32`) or a few (`f64`).
+//! few axes) of any [`ndarray`] array, for `f32` and `f64` (and, with the
+//! `half` feature, `half::f16` and `half::bf16`), accurate to within an ulp
+//! (`f32`, the half types) or a few (`f64`).
 //!
 //! Bring the extension traits into scope and call them on any owned array
 //! or view, of any dimension `(…, d)` and any memory layout:
@@ -92,6 +93,28 @@
 //!   `n · gamma` and `beta` nearly cancel. For `f32` rows, whose `f64` `n`
 //!   is good to about `(d / 32 + 8) · 2⁻⁵³`, the bound is that times
 //!   `|n · gamma|` (above 2e-15 from about d = 350).
+//! - Each `f16` or `bf16` output is the `f32` result on the exactly widened
+//!   row, rounded to the half type: the correctly rounded value or a
+//!   neighbour, also for rows whose squares overflow the half type, and for
+//!   subnormal inputs and outputs. Their parameters may be `f32`
+//!   ([`NormParam`]) and their `eps` an `f64` ([`NormEps`]):
+//!
+//! ```
+//! # #[cfg(feature = "half")] {
+//! use half::bf16;
+//! use ndarray::array;
+//! use ndarray_layernorm::prelude::*;
+//!
+//! let x = array![[1.0, 2.0, 4.0, 8.0]].mapv(bf16::from_f32);
+//! let (gamma, beta) = (array![1.0_f32, 1.0, 1.0, 1.0], array![0.0_f32, 0.0, 0.0, 0.0]);
+//! let y = x.layer_norm(&gamma, &beta, 1e-6)?; // eps: an f64
+//! let (_, stats) = x.layer_norm_train(&gamma, &beta, 1e-6)?;
+//! let grads = x.layer_norm_backward_with_stats(&y, &gamma, &stats)?;
+//! let dgamma: ndarray::Array1<f32> = grads.dgamma; // in the parameters' type
+//! # let _ = dgamma;
+//! # }
+//! # Ok::<(), ndarray_layernorm::NormError>(())
+//! ```
 //! - A row whose elements are all equal gives exactly `beta` (zeros for the
 //!   plain form) for every `eps ≥ 0`; an all-zero row gives zeros under
 //!   RMSNorm (`0 · gamma`, so where `gamma` is finite). A NaN or infinity
