@@ -421,7 +421,7 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         eps: Eps,
-    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    ) -> Result<(Array1<P>, Array1<P>), NormError>
     where
         A: NormParam<P>,
         A: NormEps<Eps>;
@@ -468,7 +468,7 @@ pub trait LayerNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         stats: &LayerNormStats<D::Smaller>,
-    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    ) -> Result<(Array1<P>, Array1<P>), NormError>
     where
         A: NormParam<P>,
         D: RemoveAxis;
@@ -642,7 +642,7 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         eps: Eps,
-    ) -> Result<Array1<A>, NormError>
+    ) -> Result<Array1<P>, NormError>
     where
         A: NormParam<P>,
         A: NormEps<Eps>;
@@ -688,7 +688,7 @@ pub trait RmsNormBackwardExt<A: NormScalar, D: Dimension>: sealed::Sealed {
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         stats: &RmsNormStats<D::Smaller>,
-    ) -> Result<Array1<A>, NormError>
+    ) -> Result<Array1<P>, NormError>
     where
         A: NormParam<P>,
         D: RemoveAxis;
@@ -758,7 +758,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         eps: Eps,
-    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    ) -> Result<(Array1<P>, Array1<P>), NormError>
     where
         A: NormParam<P>,
         A: NormEps<Eps>,
@@ -783,7 +783,7 @@ impl<A: NormScalar, D: Dimension> LayerNormBackwardExt<A, D> for ArrayRef<A, D> 
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         stats: &LayerNormStats<D::Smaller>,
-    ) -> Result<(Array1<A>, Array1<A>), NormError>
+    ) -> Result<(Array1<P>, Array1<P>), NormError>
     where
         A: NormParam<P>,
         D: RemoveAxis,
@@ -865,7 +865,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         eps: Eps,
-    ) -> Result<Array1<A>, NormError>
+    ) -> Result<Array1<P>, NormError>
     where
         A: NormParam<P>,
         A: NormEps<Eps>,
@@ -890,7 +890,7 @@ impl<A: NormScalar, D: Dimension> RmsNormBackwardExt<A, D> for ArrayRef<A, D> {
         dy: &ArrayRef<A, D>,
         gamma: &ArrayRef1<P>,
         stats: &RmsNormStats<D::Smaller>,
-    ) -> Result<Array1<A>, NormError>
+    ) -> Result<Array1<P>, NormError>
     where
         A: NormParam<P>,
         D: RemoveAxis,
@@ -1221,7 +1221,16 @@ fn backward_blocks<A: NormScalar + NormParam<P>, D: Dimension, P>(
             x.is_standard_layout() && dy.is_standard_layout() && dx.is_standard_layout();
         let prefetch = contiguous && cache::worth_prefetching(2 * x.len() * size_of::<A>());
         let streamed = match dx.as_slice() {
-            Some(dx) if contiguous && may_stream && rows::worth_streaming(dx, d) => Some(dx),
+            // Half rows reach the kernels through widened buffers in cache,
+            // which are never streamed: their `dx` is written from there.
+            Some(dx)
+                if contiguous
+                    && may_stream
+                    && size_of::<A>() == size_of::<Wide<A>>()
+                    && rows::worth_streaming(dx, d) =>
+            {
+                Some(dx)
+            }
             _ => None,
         };
         // Every block starts `BLOCK_ROWS · d` elements on, a whole number

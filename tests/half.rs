@@ -581,3 +581,27 @@ for_both_types! {
         }
     }
 }
+
+/// The `_into` backward forms return `dgamma` and `dbeta` in the
+/// parameters' type too, with the bits of the allocating forms.
+#[test]
+fn backward_into_returns_gradients_in_the_parameters_type() {
+    let x = Array2::from_shape_fn((5, 7), |(i, j)| {
+        bf16::from_f32((i * 7 + j) as f32 * 0.37 - 3.0)
+    });
+    let dy = x.mapv(|v| bf16::from_f32(v.to_f32() * 0.5 + 0.25));
+    let gamma = Array1::from_shape_fn(7, |j| 1.0f32 + j as f32 / 3.0);
+    let mut dx = Array2::from_elem((5, 7), bf16::ZERO);
+    let grads = x.layer_norm_backward(&dy, &gamma, 1e-5).unwrap();
+    let (dgamma, dbeta): (Array1<f32>, Array1<f32>) = x
+        .layer_norm_backward_into(&mut dx, &dy, &gamma, 1e-5)
+        .unwrap();
+    assert_eq!(dx, grads.dx);
+    assert_eq!((dgamma, dbeta), (grads.dgamma, grads.dbeta));
+    let rms = x.rms_norm_backward(&dy, &gamma, 1e-5).unwrap();
+    let dgamma: Array1<f32> = x
+        .rms_norm_backward_into(&mut dx, &dy, &gamma, 1e-5)
+        .unwrap();
+    assert_eq!(dx, rms.dx);
+    assert_eq!(dgamma, rms.dgamma);
+}

@@ -29,9 +29,18 @@ fn with_buffers<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
     // Taken out while `f` runs: a nested call gets buffers of its own.
     let mut buffers = KEPT.try_with(Cell::take).unwrap_or_default();
     let result = f(&mut buffers);
+    // A buffer grown for very long rows is freed rather than kept.
+    for buffer in &mut buffers {
+        if buffer.capacity() > KEPT_MAX {
+            *buffer = Vec::new();
+        }
+    }
     let _ = KEPT.try_with(|kept| kept.set(buffers));
     result
 }
+
+/// The largest buffer a thread keeps after a call, in elements (256 KiB).
+const KEPT_MAX: usize = 1 << 16;
 
 /// Rows per widened block for rows of `d` elements.
 fn block_rows(d: usize) -> usize {
@@ -84,6 +93,7 @@ impl Half for bf16 {
             Isa::Avx2 => return unsafe { convert::bf16_to_f32_avx2(src, dst) },
             Isa::Portable => {}
         }
+        let _ = isa;
         convert::bf16_to_f32(src, dst);
     }
     fn narrow(isa: Isa, src: &[f32], dst: &mut [Self]) {
@@ -95,6 +105,7 @@ impl Half for bf16 {
             Isa::Avx2 => return unsafe { convert::f32_to_bf16_avx2(src, dst) },
             Isa::Portable => {}
         }
+        let _ = isa;
         convert::f32_to_bf16(src, dst);
     }
 }
@@ -106,7 +117,7 @@ impl Half for bf16 {
 /// slice conversions, which use F16C where the CPU has it. (AVX-512 BF16's
 /// `vcvtneps2bf16` flushes subnormals to zero, so it is not used.)
 mod convert {
-    use half::{bf16, f16};
+    use half::bf16;
 
     #[inline(always)]
     pub(super) fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
@@ -122,7 +133,8 @@ mod convert {
     pub(super) fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
         for (d, &s) in dst.iter_mut().zip(src) {
             let bits = s.to_bits();
-            let rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+            // Wraps only for NaNs, which take `quiet` instead.
+            let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
             let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
             let quiet = (bits >> 16) | 0x40;
             *d = bf16::from_bits(if nan { quiet } else { rounded } as u16);
@@ -155,7 +167,7 @@ mod convert {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn f16_to_f32_avx512(src: &[f16], dst: &mut [f32]) {
+    pub(super) unsafe fn f16_to_f32_avx512(src: &[half::f16], dst: &mut [f32]) {
         use std::arch::x86_64::*;
         let n = src.len().min(dst.len());
         let whole = n / 16 * 16;
@@ -174,7 +186,7 @@ mod convert {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn f32_to_f16_avx512(src: &[f32], dst: &mut [f16]) {
+    pub(super) unsafe fn f32_to_f16_avx512(src: &[f32], dst: &mut [half::f16]) {
         use std::arch::x86_64::*;
         let n = src.len().min(dst.len());
         let whole = n / 16 * 16;
@@ -188,7 +200,7 @@ mod convert {
             }
         }
         for (d, &s) in dst[whole..n].iter_mut().zip(&src[whole..n]) {
-            *d = f16::from_f32(s);
+            *d = half::f16::from_f32(s);
         }
     }
 }
@@ -197,6 +209,9 @@ mod convert {
 /// widened blocks: `kernel(block, rows)` normalises `rows` rows of `block`
 /// in place.
 fn map_widened<H: Half>(isa: Isa, mut io: Io<'_, H>, d: usize, kernel: impl Fn(&mut [f32], usize)) {
+    if d == 0 {
+        return;
+    }
     let step = block_rows(d) * d;
     with_buffers(|[wide, ..]| {
         let total = io.input().len();
@@ -334,6 +349,9 @@ fn train_widened<H: Half, T>(
     stats: &mut [T],
     kernel: impl Fn(&[f32], &mut [f32], &mut [T]),
 ) {
+    if d == 0 {
+        return;
+    }
     let rows = block_rows(d);
     with_buffers(|[wide_x, wide_y, _]| {
         let pieces = x.chunks(rows * d).zip(y.chunks_mut(rows * d));
@@ -360,6 +378,9 @@ fn backward_widened<H: Half, T>(
     kernel: impl Fn(Inputs<'_, f32>, &mut [f32], Saved<'_, T>, &mut Partials),
 ) {
     let d = inputs.d;
+    if d == 0 {
+        return;
+    }
     let rows = block_rows(d);
     with_buffers(|[wide_x, wide_dy, wide_dx]| {
         let pieces = inputs.x.chunks(rows * d).zip(inputs.dy.chunks(rows * d));
@@ -403,6 +424,9 @@ mod tests {
             f32::NEG_INFINITY,
             f32::NAN,
             -f32::NAN,
+            f32::from_bits(u32::MAX),
+            f32::from_bits(0xffff_8000),
+            f32::from_bits(0x7fff_ffff),
         ];
         values.extend([
             f32::from_bits(1),

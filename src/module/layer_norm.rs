@@ -1,6 +1,7 @@
 //! The LayerNorm layer.
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, Ix1, RemoveAxis};
 
@@ -39,11 +40,13 @@ use crate::{check, rows};
 /// # Ok::<(), NormError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct LayerNorm<A: NormScalar, P = A> {
+pub struct LayerNorm<A, P = A> {
     gamma: Array1<P>,
     beta: Option<Array1<P>>,
-    eps: A::Eps,
+    /// Exactly the value given (an `f32` `eps` widened).
+    eps: f64,
     shape: Vec<usize>,
+    input: PhantomData<fn() -> A>,
 }
 
 impl<A: NormScalar> LayerNorm<A> {
@@ -67,8 +70,9 @@ impl<A: NormScalar> LayerNorm<A> {
         LayerNorm {
             gamma: Array1::ones(d),
             beta: Some(Array1::zeros(d)),
-            eps: A::kept_eps(1e-5),
+            eps: A::kept_eps_value(A::kept_eps(1e-5)),
             shape: vec![d],
+            input: PhantomData,
         }
     }
 
@@ -88,8 +92,9 @@ impl<A: NormScalar> LayerNorm<A> {
         LayerNorm {
             gamma: Array1::ones(d),
             beta: None,
-            eps: A::kept_eps(1e-5),
+            eps: A::kept_eps_value(A::kept_eps(1e-5)),
             shape: vec![d],
+            input: PhantomData,
         }
     }
 
@@ -129,13 +134,14 @@ impl<A: NormScalar> LayerNorm<A> {
                 });
             }
         }
-        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
+        let eps = check::eps::<A, _>(eps)?;
         let shape = vec![gamma.len()];
         Ok(LayerNorm {
             gamma,
             beta,
             eps,
             shape,
+            input: PhantomData,
         })
     }
 
@@ -166,8 +172,9 @@ impl<A: NormScalar> LayerNorm<A> {
         LayerNorm {
             gamma: self.gamma,
             beta: self.beta,
-            eps: B::kept_eps(A::kept_eps_value(self.eps)),
+            eps: self.eps,
             shape: self.shape,
+            input: PhantomData,
         }
     }
 }
@@ -192,7 +199,7 @@ impl<A: NormScalar + NormParam<P>, P> LayerNorm<A, P> {
     where
         A: NormEps<Eps>,
     {
-        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
+        let eps = check::eps::<A, _>(eps)?;
         self.eps = eps;
         Ok(self)
     }
@@ -325,7 +332,7 @@ impl<A: NormScalar + NormParam<P>, P> LayerNorm<A, P> {
     /// assert_eq!(ndarray_layernorm::LayerNorm::<f64>::new(2).eps(), 1e-5);
     /// ```
     pub fn eps(&self) -> A::Eps {
-        self.eps
+        A::kept_eps(self.eps)
     }
 
     /// Normalises every row of `x` (any dimension, last axis of length
@@ -470,7 +477,7 @@ impl<A: NormScalar + NormParam<P>, P> LayerNorm<A, P> {
             Some(beta) => Some(check::params::<A, _>(Operand::Beta, beta, d)?),
             None => None,
         };
-        let eps = check::valid_eps(A::kept_eps_value(self.eps))?;
+        let eps = self.eps;
         Ok(LayerNormArgs {
             d,
             gamma,

@@ -1,5 +1,7 @@
 //! The RMSNorm layer.
 
+use std::marker::PhantomData;
+
 use ndarray::{Array, Array1, ArrayRef, ArrayViewMut1, Dimension, Ix1, RemoveAxis};
 
 use crate::backward::{self, RmsNormGrads, RmsNormStats};
@@ -32,11 +34,13 @@ use crate::{check, rows};
 /// # Ok::<(), NormError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct RmsNorm<A: NormScalar, P = A> {
+pub struct RmsNorm<A, P = A> {
     gamma: Array1<P>,
-    eps: A::Eps,
+    /// Exactly the value given (an `f32` `eps` widened).
+    eps: f64,
     zero_centred: bool,
     shape: Vec<usize>,
+    input: PhantomData<fn() -> A>,
 }
 
 impl<A: NormScalar> RmsNorm<A> {
@@ -58,9 +62,10 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn new(d: usize) -> Self {
         RmsNorm {
             gamma: Array1::ones(d),
-            eps: A::kept_eps(1e-6),
+            eps: A::kept_eps_value(A::kept_eps(1e-6)),
             zero_centred: false,
             shape: vec![d],
+            input: PhantomData,
         }
     }
 
@@ -80,9 +85,10 @@ impl<A: NormScalar> RmsNorm<A> {
     pub fn zero_centred(d: usize) -> Self {
         RmsNorm {
             gamma: Array1::zeros(d),
-            eps: A::kept_eps(1e-6),
+            eps: A::kept_eps_value(A::kept_eps(1e-6)),
             zero_centred: true,
             shape: vec![d],
+            input: PhantomData,
         }
     }
 
@@ -106,9 +112,10 @@ impl<A: NormScalar> RmsNorm<A> {
     where
         A: NormEps<Eps>,
     {
-        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
+        let eps = check::eps::<A, _>(eps)?;
         Ok(RmsNorm {
             shape: vec![gamma.len()],
+            input: PhantomData,
             gamma,
             eps,
             zero_centred: false,
@@ -135,9 +142,10 @@ impl<A: NormScalar> RmsNorm<A> {
     where
         A: NormEps<Eps>,
     {
-        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
+        let eps = check::eps::<A, _>(eps)?;
         Ok(RmsNorm {
             shape: vec![w.len()],
+            input: PhantomData,
             gamma: w,
             eps,
             zero_centred: true,
@@ -170,9 +178,10 @@ impl<A: NormScalar> RmsNorm<A> {
     {
         RmsNorm {
             gamma: self.gamma,
-            eps: B::kept_eps(A::kept_eps_value(self.eps)),
+            eps: self.eps,
             zero_centred: self.zero_centred,
             shape: self.shape,
+            input: PhantomData,
         }
     }
 }
@@ -198,7 +207,7 @@ impl<A: NormScalar + NormParam<P>, P> RmsNorm<A, P> {
     where
         A: NormEps<Eps>,
     {
-        let eps = A::kept_eps(check::eps::<A, _>(eps)?);
+        let eps = check::eps::<A, _>(eps)?;
         self.eps = eps;
         Ok(self)
     }
@@ -297,7 +306,7 @@ impl<A: NormScalar + NormParam<P>, P> RmsNorm<A, P> {
     /// assert_eq!(ndarray_layernorm::RmsNorm::<f32>::new(2).eps(), 1e-6);
     /// ```
     pub fn eps(&self) -> A::Eps {
-        self.eps
+        A::kept_eps(self.eps)
     }
 
     /// Whether the gain is `1 + w` (zero-centred) rather than `gamma`.
@@ -445,7 +454,7 @@ impl<A: NormScalar + NormParam<P>, P> RmsNorm<A, P> {
     ) -> Result<(usize, WideParams<'_, A>, f64), NormError> {
         let d = super::rows_of(x, &self.shape)?;
         let weights = check::params::<A, _>(Operand::Gamma, &self.gamma, d)?;
-        Ok((d, weights, check::valid_eps(A::kept_eps_value(self.eps))?))
+        Ok((d, weights, self.eps))
     }
 
     fn gain<'a>(&self, weights: &'a [Wide<A>]) -> Gain<'a, Wide<A>> {

@@ -41,9 +41,14 @@ fn round_to_odd(hi: f64, lo: f64) -> f32 {
         nearest
     };
     let bits = if truncated == 0.0 {
-        // Below the smallest subnormal: the odd neighbour of zero.
-        let sign = if above { 0 } else { 1 << 31 };
-        sign | 1
+        // Below the smallest subnormal: the odd neighbour of zero, with the
+        // value's sign (that of `hi`, or of `lo` where `hi` is 0).
+        let negative = if hi != 0.0 { hi < 0.0 } else { lo < 0.0 };
+        if negative {
+            (1 << 31) | 1
+        } else {
+            1
+        }
     } else {
         truncated.to_bits() | 1
     };
@@ -147,6 +152,28 @@ mod tests {
             // Exactly at the midpoint: ties to even.
             let even = if bits % 2 == 0 { a } else { b };
             same(H::narrow(mid), even);
+        }
+    }
+
+    /// Values below the smallest `f32` subnormal keep their sign: they round
+    /// to a zero of that sign in both half types.
+    #[test]
+    fn values_below_every_subnormal_keep_their_sign() {
+        for (hi, lo) in [
+            (1e-45, 0.0),
+            (-1e-45, 0.0),
+            (2f64.powi(-149), -1e-60),
+            (0.0, 1e-300),
+            (0.0, -1e-300),
+        ] {
+            let negative = if hi != 0.0 { hi < 0.0 } else { lo < 0.0 };
+            for got in [
+                f16::narrow_sum(hi, lo).to_f64(),
+                bf16::narrow_sum(hi, lo).to_f64(),
+            ] {
+                assert_eq!(got, 0.0, "{hi:e} + {lo:e}");
+                assert_eq!(got.is_sign_negative(), negative, "{hi:e} + {lo:e}");
+            }
         }
     }
 
