@@ -36,7 +36,9 @@
 //! `[F]`, and inputs of 128 MiB taking every other element of each row,
 //! `[..;2]`, or every other row, `[..;2,]`; compare with the contiguous rows
 //! of `out` and `tiny`). `threads` is 1 or all cores
-//! (`rayon::ThreadPool::install`).
+//! (`rayon::ThreadPool::install`). With `--features half`, the section
+//! `half` times `f16` and `bf16` rows against `f32` and against converting
+//! to `f32` and back (`examples/halves/mod.rs`).
 //!
 //! Out of cache, the copy is timed again next to every case and the best
 //! copy seen so far in the section is the baseline (the machine may be
@@ -546,7 +548,8 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     println!(
         "{cores} cores; sections (pick with arguments): out (x of 256 MiB), \
-         cache (x of about 256 KiB), tiny (d = 1..16), strided (Fortran order, steps)"
+         cache (x of about 256 KiB), tiny (d = 1..16), strided (Fortran order, steps), \
+         half (with --features half)"
     );
     header();
     sections::<f32>(&pools, &wanted)?;
