@@ -42,6 +42,15 @@ fn with_buffers<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
 /// The largest buffer a thread keeps after a call, in elements (256 KiB).
 const KEPT_MAX: usize = 1 << 16;
 
+/// The first `len` elements of `buffer`, grown to hold them but never
+/// cleared: every caller overwrites them.
+fn room(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    &mut buffer[..len]
+}
+
 /// Rows per widened block for rows of `d` elements.
 fn block_rows(d: usize) -> usize {
     (BLOCK_ELEMS / d.max(1)).max(1)
@@ -50,13 +59,12 @@ fn block_rows(d: usize) -> usize {
 /// Exact widening and correctly rounded narrowing of a half type's slices,
 /// with the conversion instructions of the instruction set.
 trait Half: Copy + 'static {
-    /// `src` widened into the first `src.len()` elements of `dst` (grown,
-    /// never shrunk or cleared: its old contents are overwritten).
-    fn widen_into(isa: Isa, src: &[Self], dst: &mut Vec<f32>) {
-        if dst.len() < src.len() {
-            dst.resize(src.len(), 0.0);
-        }
-        Self::widen(isa, src, &mut dst[..src.len()]);
+    /// `src` widened into the first `src.len()` elements of `buffer`
+    /// ([`room`]), which it returns.
+    fn widen_into<'b>(isa: Isa, src: &[Self], buffer: &'b mut Vec<f32>) -> &'b mut [f32] {
+        let wide = room(buffer, src.len());
+        Self::widen(isa, src, wide);
+        wide
     }
     fn widen(isa: Isa, src: &[Self], dst: &mut [f32]);
     fn narrow(isa: Isa, src: &[f32], dst: &mut [Self]);
@@ -218,8 +226,7 @@ fn map_widened<H: Half>(isa: Isa, mut io: Io<'_, H>, d: usize, kernel: impl Fn(&
         let mut at = 0;
         while at < total {
             let end = (at + step).min(total);
-            H::widen_into(isa, &io.input()[at..end], wide);
-            let block = &mut wide[..end - at];
+            let block = H::widen_into(isa, &io.input()[at..end], wide);
             kernel(block, (end - at) / d);
             H::narrow(isa, block, &mut io.output()[at..end]);
             at = end;
@@ -261,8 +268,7 @@ macro_rules! half_kernels {
 
             fn row_stats(isa: Isa, x: &[Self]) -> RowStats {
                 with_buffers(|[wide, ..]| {
-                    <$half>::widen_into(isa, x, wide);
-                    f32::row_stats(isa, &wide[..x.len()])
+                    f32::row_stats(isa, <$half>::widen_into(isa, x, wide))
                 })
             }
 
@@ -356,12 +362,9 @@ fn train_widened<H: Half, T>(
     with_buffers(|[wide_x, wide_y, _]| {
         let pieces = x.chunks(rows * d).zip(y.chunks_mut(rows * d));
         for ((x, y), stats) in pieces.zip(stats.chunks_mut(rows)) {
-            H::widen_into(isa, x, wide_x);
-            if wide_y.len() < x.len() {
-                wide_y.resize(x.len(), 0.0);
-            }
-            let wide_y = &mut wide_y[..x.len()];
-            kernel(&wide_x[..x.len()], wide_y, stats);
+            let wide_x = H::widen_into(isa, x, wide_x);
+            let wide_y = room(wide_y, x.len());
+            kernel(wide_x, wide_y, stats);
             H::narrow(isa, wide_y, y);
         }
     });
@@ -385,19 +388,16 @@ fn backward_widened<H: Half, T>(
     with_buffers(|[wide_x, wide_dy, wide_dx]| {
         let pieces = inputs.x.chunks(rows * d).zip(inputs.dy.chunks(rows * d));
         for (block, ((x, dy), dx)) in pieces.zip(dx.chunks_mut(rows * d)).enumerate() {
-            H::widen_into(isa, x, wide_x);
-            H::widen_into(isa, dy, wide_dy);
-            if wide_dx.len() < x.len() {
-                wide_dx.resize(x.len(), 0.0);
-            }
-            let wide_dx = &mut wide_dx[..x.len()];
+            let wide_x = H::widen_into(isa, x, wide_x);
+            let wide_dy = H::widen_into(isa, dy, wide_dy);
+            let wide_dx = room(wide_dx, x.len());
             let saved = match saved {
                 Saved::Compute(eps) => Saved::Compute(eps),
                 Saved::Rows(all) => Saved::Rows(all.get(block * rows..).unwrap_or_default()),
             };
             let widened = Inputs {
-                x: &wide_x[..x.len()],
-                dy: &wide_dy[..x.len()],
+                x: wide_x,
+                dy: wide_dy,
                 d,
                 gain: inputs.gain,
                 prefetch: false,
