@@ -21,11 +21,12 @@
 //! - **naive ndarray**: `mean_axis`, `var_axis` and broadcasting, which
 //!   allocate their result (ndarray runs them on the calling thread);
 //! - **row loop**: a two-pass loop over rows, accumulating in the element
-//!   type (`f32` sums for `f32`), into a preallocated output, split over the
-//!   threads with rayon's `par_chunks_mut`, as a user would write it;
+//!   type (`f32` sums for `f32`; for `f16` and `bf16` in `f32`, as
+//!   candle-nn does), into a preallocated output, split over the threads
+//!   with rayon's `par_chunks_mut`, as a user would write it;
 //! - **candle-nn**: `candle_nn::ops::layer_norm` / `rms_norm` on a CPU
 //!   `Tensor` built beforehand from the same values; only the op is timed
-//!   (it allocates its result). Those ops take `f32` (and `f16`, `bf16`)
+//!   (it allocates its result). Those ops take `f32`, `f16` and `bf16`
 //!   only; where they reject `f64`, the `f64` cells time
 //!   `ops::layer_norm_slow` / `rms_norm_slow` (tensor ops) instead and are
 //!   marked `†`;
@@ -47,19 +48,23 @@
 //! 1.00 runs as fast as the copy, 0.50 at half its speed.
 //!
 //! Accuracy (the same in both modes): on 64 rows of each length, of values
-//! `u` and `1e4 + u` with `u` uniform in `[-1, 1)`, each peer's worst
+//! `u` and `1e4 + u` (`100 + u` for `f16` and `bf16`, which hold no
+//! fraction at `1e4`) with `u` uniform in `[-1, 1)`, each peer's worst
 //! distance in ulps from this crate's output, which is within 1 ulp of the
-//! exact value for `f32` (a few for `f64`). Every call uses `eps = 1e-5`
-//! rounded to `f32`, since candle-nn takes `eps` as an `f32`.
+//! exact value for `f32` (a few for `f64`; the correctly rounded value or a
+//! neighbour for the half types). Every call uses `eps = 1e-5` rounded to
+//! `f32`, since candle-nn takes `eps` as an `f32` (this crate takes it as
+//! an `f32` for the half types too).
 
 use std::hint::black_box;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor, WithDType};
-use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis, ScalarOperand};
+use half::{bf16, f16};
+use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
 use ndarray_layernorm::prelude::*;
-use num_traits::{Float, FromPrimitive};
+use num_traits::{Float, FromPrimitive, One, Zero};
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
@@ -105,10 +110,17 @@ impl Mode {
 }
 
 /// An element type: what this crate, ndarray and candle need of it.
-trait Elem:
-    NormScalar + Float + FromPrimitive + ScalarOperand + WithDType + Default + Send + Sync
-{
+trait Elem: NormScalar + Float + FromPrimitive + WithDType + Default + Send + Sync {
     const NAME: &'static str;
+    /// The type a hand-written row loop sums in: the element type itself,
+    /// and `f32` for the half types (as candle-nn and PyTorch do).
+    type Sum: Float + FromPrimitive + Send + Sync;
+    /// The type this crate takes `eps` in: the element type, and `f32` for
+    /// the half types; every peer gets `1e-5` rounded to `f32`.
+    type EpsType: Copy;
+    const EPS: Self::EpsType;
+    fn to_sum(self) -> Self::Sum;
+    fn from_sum(sum: Self::Sum) -> Self;
     /// The float's bits as an integer that orders like the float (`-0.0`
     /// and `0.0` alike), so that the difference of two is their distance
     /// in ulps.
@@ -117,6 +129,15 @@ trait Elem:
 
 impl Elem for f32 {
     const NAME: &'static str = "f32";
+    type Sum = f32;
+    type EpsType = f32;
+    const EPS: f32 = EPS as f32;
+    fn to_sum(self) -> f32 {
+        self
+    }
+    fn from_sum(sum: f32) -> f32 {
+        sum
+    }
     fn ordered(self) -> i128 {
         let bits = self.to_bits() as i32;
         i128::from(if bits < 0 { i32::MIN - bits } else { bits })
@@ -125,11 +146,43 @@ impl Elem for f32 {
 
 impl Elem for f64 {
     const NAME: &'static str = "f64";
+    type Sum = f64;
+    type EpsType = f64;
+    const EPS: f64 = EPS;
+    fn to_sum(self) -> f64 {
+        self
+    }
+    fn from_sum(sum: f64) -> f64 {
+        sum
+    }
     fn ordered(self) -> i128 {
         let bits = self.to_bits() as i64;
         i128::from(if bits < 0 { i64::MIN - bits } else { bits })
     }
 }
+
+macro_rules! half_elem {
+    ($($half:ident),*) => {$(
+        impl Elem for $half {
+            const NAME: &'static str = stringify!($half);
+            type Sum = f32;
+            type EpsType = f32;
+            const EPS: f32 = EPS as f32;
+            fn ordered(self) -> i128 {
+                let bits = self.to_bits() as i16;
+                i128::from(if bits < 0 { i16::MIN - bits } else { bits })
+            }
+            fn to_sum(self) -> f32 {
+                self.to_f32()
+            }
+            fn from_sum(sum: f32) -> $half {
+                $half::from_f32(sum)
+            }
+        }
+    )*};
+}
+
+half_elem!(f16, bf16);
 
 fn of<A: Elem>(v: f64) -> A {
     <A as WithDType>::from_f64(v)
@@ -182,39 +235,46 @@ fn naive_layer_norm<A: Elem>(
 ) -> Array2<A> {
     let mean = x.mean_axis(Axis(1)).unwrap().insert_axis(Axis(1));
     let var = x.var_axis(Axis(1), A::zero()).insert_axis(Axis(1));
-    (&x - &mean) / (var + eps).mapv(A::sqrt) * gamma + beta
+    (&x - &mean) / var.mapv(|v| (v + eps).sqrt()) * gamma + beta
 }
 
 /// The naive ndarray RMSNorm.
 fn naive_rms_norm<A: Elem>(x: ArrayView2<'_, A>, gamma: &Array1<A>, eps: A) -> Array2<A> {
     let mean_square = x.mapv(|v| v * v).mean_axis(Axis(1)).unwrap();
-    &x / (mean_square + eps).mapv(A::sqrt).insert_axis(Axis(1)) * gamma
+    &x / mean_square.mapv(|v| (v + eps).sqrt()).insert_axis(Axis(1)) * gamma
 }
 
-/// A hand-written LayerNorm: two passes over each row, sums in `A`.
-fn loop_layer_norm<A: Elem>(x: &[A], y: &mut [A], d: usize, gamma: &[A], beta: &[A], eps: A) {
-    let n = of::<A>(d as f64);
+/// A hand-written LayerNorm: two passes over each row, sums in
+/// [`Elem::Sum`].
+fn loop_layer_norm<A: Elem>(x: &[A], y: &mut [A], d: usize, gamma: &[A], beta: &[A]) {
+    let n = A::Sum::from_usize(d).unwrap();
+    let eps = A::Sum::from_f64(EPS).unwrap();
     y.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(y, x)| {
-        let mean = x.iter().fold(A::zero(), |s, &v| s + v) / n;
-        let var = x
-            .iter()
-            .fold(A::zero(), |s, &v| s + (v - mean) * (v - mean))
-            / n;
-        let inv_std = A::one() / (var + eps).sqrt();
+        let mean = x.iter().fold(A::Sum::zero(), |s, &v| s + v.to_sum()) / n;
+        let var = x.iter().fold(A::Sum::zero(), |s, &v| {
+            let dev = v.to_sum() - mean;
+            s + dev * dev
+        }) / n;
+        let inv_std = A::Sum::one() / (var + eps).sqrt();
         for (((y, &v), &g), &b) in y.iter_mut().zip(x).zip(gamma).zip(beta) {
-            *y = (v - mean) * inv_std * g + b;
+            *y = A::from_sum((v.to_sum() - mean) * inv_std * g.to_sum() + b.to_sum());
         }
     });
 }
 
-/// A hand-written RMSNorm: one pass for the mean square, one for the output.
-fn loop_rms_norm<A: Elem>(x: &[A], y: &mut [A], d: usize, gamma: &[A], eps: A) {
-    let n = of::<A>(d as f64);
+/// A hand-written RMSNorm: one pass for the mean square, one for the
+/// output, sums in [`Elem::Sum`].
+fn loop_rms_norm<A: Elem>(x: &[A], y: &mut [A], d: usize, gamma: &[A]) {
+    let n = A::Sum::from_usize(d).unwrap();
+    let eps = A::Sum::from_f64(EPS).unwrap();
     y.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(y, x)| {
-        let mean_square = x.iter().fold(A::zero(), |s, &v| s + v * v) / n;
-        let inv_rms = A::one() / (mean_square + eps).sqrt();
+        let mean_square = x
+            .iter()
+            .fold(A::Sum::zero(), |s, &v| s + v.to_sum() * v.to_sum())
+            / n;
+        let inv_rms = A::Sum::one() / (mean_square + eps).sqrt();
         for ((y, &v), &g) in y.iter_mut().zip(x).zip(gamma) {
-            *y = v * inv_rms * g;
+            *y = A::from_sum(v.to_sum() * inv_rms * g.to_sum());
         }
     });
 }
@@ -379,7 +439,10 @@ struct Case<'a, A: Elem> {
     candle: Candle,
 }
 
-fn measure<A: Elem>(pool: &ThreadPool, timing: Timing, case: &mut Case<'_, A>) -> Times {
+fn measure<A>(pool: &ThreadPool, timing: Timing, case: &mut Case<'_, A>) -> Times
+where
+    A: Elem + NormEps<A::EpsType>,
+{
     let (x, d, candle) = (case.x, case.d, case.candle);
     let (gamma, beta) = (case.gamma, case.beta);
     let (cx, cg, cb) = case.tensors;
@@ -393,11 +456,11 @@ fn measure<A: Elem>(pool: &ThreadPool, timing: Timing, case: &mut Case<'_, A>) -
         [
             best(timing, || {
                 let mut out = ArrayViewMut2::from_shape((rows, d), &mut *y).unwrap();
-                view.layer_norm_into(&mut out, gamma, beta, eps)
+                view.layer_norm_into(&mut out, gamma, beta, A::EPS)
                     .expect("layer_norm_into");
             }),
             best(timing, || naive_layer_norm(view, gamma, beta, eps)),
-            best(timing, || loop_layer_norm(x, y, d, g, b, eps)),
+            best(timing, || loop_layer_norm(x, y, d, g, b)),
             best(timing, || candle.layer_norm(cx, cg, cb)),
         ]
     });
@@ -405,11 +468,11 @@ fn measure<A: Elem>(pool: &ThreadPool, timing: Timing, case: &mut Case<'_, A>) -
         [
             best(timing, || {
                 let mut out = ArrayViewMut2::from_shape((rows, d), &mut *y).unwrap();
-                view.rms_norm_into(&mut out, gamma, eps)
+                view.rms_norm_into(&mut out, gamma, A::EPS)
                     .expect("rms_norm_into");
             }),
             best(timing, || naive_rms_norm(view, gamma, eps)),
-            best(timing, || loop_rms_norm(x, y, d, g, eps)),
+            best(timing, || loop_rms_norm(x, y, d, g)),
             best(timing, || candle.rms_norm(cx, cg)),
         ]
     });
@@ -429,8 +492,17 @@ fn size(bytes: usize) -> String {
     }
 }
 
+/// The copy's time over the operation's: two decimals, or three below
+/// 0.01 (the half types' peers).
 fn ratio(copy: f64, op: f64) -> String {
-    format!("{:.2}", copy / op)
+    let ratio = copy / op;
+    if ratio >= 0.01 {
+        format!("{ratio:.2}")
+    } else if ratio >= 0.001 {
+        format!("{ratio:.3}")
+    } else {
+        "< 0.001".to_string()
+    }
 }
 
 fn line(text: &str) {
@@ -440,7 +512,10 @@ fn line(text: &str) {
 }
 
 /// The table's rows for element type `A`.
-fn rows_of<A: Elem>(mode: &Mode, pools: &[ThreadPool]) {
+fn rows_of<A>(mode: &Mode, pools: &[ThreadPool])
+where
+    A: Elem + NormEps<A::EpsType>,
+{
     let (candle, _) = Candle::probe::<A>();
     let elements = mode.out_of_cache / size_of::<A>();
     let x = random_vec::<A>(elements, 1, 0.0);
@@ -501,7 +576,7 @@ fn rows_of<A: Elem>(mode: &Mode, pools: &[ThreadPool]) {
                     "| {} | {} | {} | {} | {} |",
                     A::NAME,
                     d,
-                    size(x.len() * size_of::<A>()),
+                    size(size_of_val(x)),
                     pool.current_num_threads(),
                     cells.join(" | ")
                 ));
@@ -515,7 +590,10 @@ fn rows_of<A: Elem>(mode: &Mode, pools: &[ThreadPool]) {
 /// Worst ulps of each peer (naive, loop, candle) against this crate, for
 /// LayerNorm and RMSNorm, over rows of every length of [`DIMS`] with values
 /// `offset + u`, `u` uniform in `[-1, 1)`.
-fn accuracy<A: Elem>(offset: f64) -> [[f64; 3]; 2] {
+fn accuracy<A>(offset: f64) -> [[f64; 3]; 2]
+where
+    A: Elem + NormEps<A::EpsType>,
+{
     let (candle, _) = Candle::probe::<A>();
     let mut worst = [[0.0_f64; 3]; 2];
     for d in DIMS {
@@ -530,7 +608,7 @@ fn accuracy<A: Elem>(offset: f64) -> [[f64; 3]; 2] {
         );
         let mut y = vec![A::zero(); values.len()];
 
-        let ours = x.layer_norm(&gamma, &beta, eps).expect("layer_norm");
+        let ours = x.layer_norm(&gamma, &beta, A::EPS).expect("layer_norm");
         let ours = ours.as_slice().unwrap();
         loop_layer_norm(
             &values,
@@ -538,7 +616,6 @@ fn accuracy<A: Elem>(offset: f64) -> [[f64; 3]; 2] {
             d,
             gamma.as_slice().unwrap(),
             beta.as_slice().unwrap(),
-            eps,
         );
         let peers = [
             naive_layer_norm(x, &gamma, &beta, eps)
@@ -556,9 +633,9 @@ fn accuracy<A: Elem>(offset: f64) -> [[f64; 3]; 2] {
                 .fold(*w, f64::max);
         }
 
-        let ours = x.rms_norm(&gamma, eps).expect("rms_norm");
+        let ours = x.rms_norm(&gamma, A::EPS).expect("rms_norm");
         let ours = ours.as_slice().unwrap();
-        loop_rms_norm(&values, &mut y, d, gamma.as_slice().unwrap(), eps);
+        loop_rms_norm(&values, &mut y, d, gamma.as_slice().unwrap());
         let peers = [
             naive_rms_norm(x, &gamma, eps).iter().copied().collect(),
             y.clone(),
@@ -582,6 +659,41 @@ fn ulp_cell(u: f64) -> String {
         format!("{u}")
     } else {
         format!("{u:.1e}")
+    }
+}
+
+/// One table of worst ulps: for each of two types, LayerNorm and RMSNorm
+/// on rows `u` and `offset + u`; `marks` follow the candle-nn cells of
+/// each type.
+fn accuracy_table(
+    types: [(&str, &str); 2],
+    first: [[[f64; 3]; 2]; 2],
+    second: [[[f64; 3]; 2]; 2],
+    marks: [&str; 2],
+) {
+    let mut header = String::from("| peer |");
+    for (name, offset) in types {
+        for op in ["LN", "RMS"] {
+            header += &format!(" {name} {op}, u | {name} {op}, {offset} + u |");
+        }
+    }
+    line(&header);
+    line(&format!("|---|{}", "---|".repeat(8)));
+    let columns = [first, second];
+    for (peer, name) in ["naive ndarray", "row loop", "candle-nn"]
+        .iter()
+        .enumerate()
+    {
+        let mut cells = Vec::new();
+        for (ty, pair) in columns.iter().enumerate() {
+            for op in 0..2 {
+                for data in pair {
+                    let cell = ulp_cell(data[op][peer]);
+                    cells.push(if peer == 2 { cell + marks[ty] } else { cell });
+                }
+            }
+        }
+        line(&format!("| {name} | {} |", cells.join(" | ")));
     }
 }
 
@@ -679,6 +791,8 @@ fn main() {
     line("|---|---|---|---|---|---|---|---|---|---|---|---|");
     rows_of::<f32>(&mode, &pools);
     rows_of::<f64>(&mode, &pools);
+    rows_of::<f16>(&mode, &pools);
+    rows_of::<bf16>(&mode, &pools);
     line("");
     let (candle, refusal) = Candle::probe::<f64>();
     if !candle.fused {
@@ -687,40 +801,28 @@ fn main() {
             refusal.unwrap_or_default()
         ));
     }
-    line("this crate: `layer_norm_into` / `rms_norm_into`; naive ndarray: `mean_axis`, `var_axis`, broadcasting (one thread); row loop: two passes per row, sums in the element type, `par_chunks_mut`; candle-nn: the op on a CPU `Tensor` of the same values.");
+    line("this crate: `layer_norm_into` / `rms_norm_into`; naive ndarray: `mean_axis`, `var_axis`, broadcasting (one thread); row loop: two passes per row, sums in the element type (`f32` for `f16`, `bf16`), `par_chunks_mut`; candle-nn: the op on a CPU `Tensor` of the same values.");
     line("");
     line(&format!(
         "Worst error in ulps against this crate's output (itself within 1 ulp of the exact value for f32, a few for f64), d = 64, 768, 4096, {ACCURACY_ROWS} rows each, gamma = 1 + u/10, beta = u/10, u uniform in [-1, 1). The largest errors fall on outputs near zero, where an error small next to the row's spread is many ulps of the output; NaN: the peer returned NaN for a finite row."
     ));
     line("");
-    line("| peer | f32 LN, x = u | f32 LN, 1e4 + u | f32 RMS, u | f32 RMS, 1e4 + u | f64 LN, u | f64 LN, 1e4 + u | f64 RMS, u | f64 RMS, 1e4 + u |");
-    line("|---|---|---|---|---|---|---|---|---|");
-    let columns = [
-        accuracy::<f32>(0.0),
-        accuracy::<f32>(1e4),
-        accuracy::<f64>(0.0),
-        accuracy::<f64>(1e4),
-    ];
     let f64_mark = candle.mark();
-    for (peer, name) in ["naive ndarray", "row loop", "candle-nn"]
-        .iter()
-        .enumerate()
-    {
-        let mut cells = Vec::new();
-        for (ty, pair) in columns.chunks(2).enumerate() {
-            for op in 0..2 {
-                for data in pair {
-                    let cell = ulp_cell(data[op][peer]);
-                    cells.push(if peer == 2 && ty == 1 {
-                        cell + f64_mark
-                    } else {
-                        cell
-                    });
-                }
-            }
-        }
-        line(&format!("| {name} | {} |", cells.join(" | ")));
-    }
+    accuracy_table(
+        [("f32", "1e4"), ("f64", "1e4")],
+        [accuracy::<f32>(0.0), accuracy::<f32>(1e4)],
+        [accuracy::<f64>(0.0), accuracy::<f64>(1e4)],
+        ["", f64_mark],
+    );
+    line("");
+    line("The half types against this crate's output (itself the correctly rounded value or a neighbour): the same rows with an offset of 100, where both types still hold `u` to a few bits; the row loop sums in `f32`.");
+    line("");
+    accuracy_table(
+        [("f16", "100"), ("bf16", "100")],
+        [accuracy::<f16>(0.0), accuracy::<f16>(100.0)],
+        [accuracy::<bf16>(0.0), accuracy::<bf16>(100.0)],
+        ["", ""],
+    );
     line("");
     line(&format!(
         "(run took {:.0} s)",
