@@ -9,7 +9,8 @@
 //!   type's rate over the `f32` rate, measured in alternating rounds.
 //! - In cache (16 Ki elements, repeated), `x convert` is how many times
 //!   faster `layer_norm_into` on the half array is than
-//!   `mapv(to_f32)`, `layer_norm` on `f32`, `mapv(from_f32)`.
+//!   `mapv(to_f32)`, `layer_norm` on `f32`, `mapv(from_f32)`; `f32` is the
+//!   time per element of `layer_norm_into` on the `f32` array.
 
 use std::error::Error;
 use std::sync::Mutex;
@@ -119,10 +120,12 @@ pub fn section(pools: &[(usize, ThreadPool)]) -> Result<(), Box<dyn Error>> {
     }
 
     println!("\nhalf precision, in cache (16 Ki elements, one thread): layer_norm_into over the");
-    println!("convert route (mapv to f32, layer_norm, mapv back)");
     println!(
-        "{:<6} {:>6} {:>12} {:>12} {:>10}",
-        "type", "d", "ns/elem", "convert", "x convert"
+        "convert route (mapv to f32, layer_norm, mapv back), and the f32 array's layer_norm_into"
+    );
+    println!(
+        "{:<6} {:>6} {:>12} {:>12} {:>10} {:>8}",
+        "type", "d", "ns/elem", "convert", "x convert", "f32"
     );
     let len = 16 << 10;
     let wide: Vec<f32> = fill(len);
@@ -134,17 +137,26 @@ pub fn section(pools: &[(usize, ThreadPool)]) -> Result<(), Box<dyn Error>> {
         let beta = Array1::from_shape_fn(d, |i| (i % 5) as f32 / 8.0);
         let (x16, xb) = (x32.mapv(f16::from_f32), x32.mapv(bf16::from_f32));
         one.install(|| -> Result<(), NormError> {
-            in_cache(&x16, &gamma, &beta, "f16", f16::to_f32, f16::from_f32)?;
-            in_cache(&xb, &gamma, &beta, "bf16", bf16::to_f32, bf16::from_f32)
+            in_cache(&x16, &x32, &gamma, &beta, "f16", f16::to_f32, f16::from_f32)?;
+            in_cache(
+                &xb,
+                &x32,
+                &gamma,
+                &beta,
+                "bf16",
+                bf16::to_f32,
+                bf16::from_f32,
+            )
         })?;
     }
     Ok(())
 }
 
-/// One in-cache line: the half type's `layer_norm_into` (with its own
-/// parameters) against the convert route.
+/// One in-cache line: the half type's `layer_norm_into` (with `f32`
+/// parameters) against the convert route, and `x32`'s `layer_norm_into`.
 fn in_cache<H: NormScalar + NormParam<f32> + NormEps<f64>>(
     x: &Array2<H>,
+    x32: &Array2<f32>,
     gamma: &Array1<f32>,
     beta: &Array1<f32>,
     name: &str,
@@ -153,9 +165,10 @@ fn in_cache<H: NormScalar + NormParam<f32> + NormEps<f64>>(
 ) -> Result<(), NormError> {
     let (rows, d) = x.dim();
     let mut out = Array2::<H>::zeros((rows, d));
+    let mut out32 = Array2::<f32>::zeros((rows, d));
     let batch = 50;
-    let mut status = Ok(());
-    let [ours, route] = alternating(&mut [
+    let (mut status, mut status32) = (Ok(()), Ok(()));
+    let [ours, route, wide] = alternating(&mut [
         &mut || {
             for _ in 0..batch {
                 if let Err(e) = x.layer_norm_into(&mut out, gamma, beta, 1e-5_f64) {
@@ -172,16 +185,25 @@ fn in_cache<H: NormScalar + NormParam<f32> + NormEps<f64>>(
                 drop(y);
             }
         },
+        &mut || {
+            for _ in 0..batch {
+                if let Err(e) = x32.layer_norm_into(&mut out32, gamma, beta, 1e-5) {
+                    status32 = Err(e);
+                }
+            }
+        },
     ]);
     status?;
+    status32?;
     let per = |t: f64| t / batch as f64 / (rows * d) as f64 * 1e9;
     println!(
-        "{:<6} {:>6} {:>12.2} {:>12.2} {:>10.2}",
+        "{:<6} {:>6} {:>12.2} {:>12.2} {:>10.2} {:>8.2}",
         name,
         d,
         per(ours),
         per(route),
-        route / ours
+        route / ours,
+        per(wide)
     );
     Ok(())
 }
