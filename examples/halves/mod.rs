@@ -9,8 +9,9 @@
 //!   type's rate over the `f32` rate, measured in alternating rounds.
 //! - In cache (16 Ki elements, repeated), `x convert` is how many times
 //!   faster `layer_norm_into` on the half array is than
-//!   `mapv(to_f32)`, `layer_norm` on `f32`, `mapv(from_f32)`; `f32` is the
-//!   time per element of `layer_norm_into` on the `f32` array.
+//!   `mapv(to_f32)`, `layer_norm` on `f32`, `mapv(from_f32)`; `f32 ns` is
+//!   the time per element of `layer_norm_into` on the `f32` array, measured
+//!   in the same rounds (so once beside each half type).
 
 use std::error::Error;
 use std::sync::Mutex;
@@ -125,7 +126,7 @@ pub fn section(pools: &[(usize, ThreadPool)]) -> Result<(), Box<dyn Error>> {
     );
     println!(
         "{:<6} {:>6} {:>12} {:>12} {:>10} {:>8}",
-        "type", "d", "ns/elem", "convert", "x convert", "f32"
+        "type", "d", "ns/elem", "convert ns", "x convert", "f32 ns"
     );
     let len = 16 << 10;
     let wide: Vec<f32> = fill(len);

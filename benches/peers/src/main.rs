@@ -8,7 +8,7 @@
 //! `cargo test` never builds candle):
 //!
 //! ```text
-//! cargo run --release              # x of 256 MiB out of cache; about 3 minutes
+//! cargo run --release              # x of 256 MiB out of cache; about 8 minutes
 //! cargo run --release -- --quick   # x of 32 MiB out of cache; a smoke test
 //! ```
 //!
@@ -53,8 +53,8 @@
 //! distance in ulps from this crate's output, which is within 1 ulp of the
 //! exact value for `f32` (a few for `f64`; the correctly rounded value or a
 //! neighbour for the half types). Every call uses `eps = 1e-5` rounded to
-//! `f32`, since candle-nn takes `eps` as an `f32` (this crate takes it as
-//! an `f32` for the half types too).
+//! `f32`, since candle-nn takes `eps` as an `f32` (this bench passes it to
+//! this crate as an `f32` for the half types too).
 
 use std::hint::black_box;
 use std::io::Write;
@@ -115,8 +115,9 @@ trait Elem: NormScalar + Float + FromPrimitive + WithDType + Default + Send + Sy
     /// The type a hand-written row loop sums in: the element type itself,
     /// and `f32` for the half types (as candle-nn and PyTorch do).
     type Sum: Float + FromPrimitive + Send + Sync;
-    /// The type this crate takes `eps` in: the element type, and `f32` for
-    /// the half types; every peer gets `1e-5` rounded to `f32`.
+    /// The type this bench passes `eps` to this crate in: the element type,
+    /// and `f32` for the half types (as candle-nn takes it), so that every
+    /// peer gets `1e-5` rounded to `f32`.
     type EpsType: Copy;
     const EPS: Self::EpsType;
     fn to_sum(self) -> Self::Sum;
@@ -188,12 +189,15 @@ fn of<A: Elem>(v: f64) -> A {
     <A as WithDType>::from_f64(v)
 }
 
-/// Distance of two values in ulps (infinite where exactly one is NaN).
+/// Distance of two values in ulps: infinite where exactly one is NaN, or
+/// exactly one is finite (a peer's sum that overflowed to infinity).
 fn ulps<A: Elem>(a: A, b: A) -> f64 {
-    match (a.is_nan(), b.is_nan()) {
-        (true, true) => 0.0,
-        (false, false) => (a.ordered() - b.ordered()).unsigned_abs() as f64,
-        _ => f64::INFINITY,
+    if a.is_nan() != b.is_nan() || a.is_finite() != b.is_finite() {
+        f64::INFINITY
+    } else if a.is_nan() {
+        0.0
+    } else {
+        (a.ordered() - b.ordered()).unsigned_abs() as f64
     }
 }
 
@@ -654,7 +658,7 @@ where
 
 fn ulp_cell(u: f64) -> String {
     if u.is_infinite() {
-        "NaN".to_string()
+        "non-finite".to_string()
     } else if u < 10_000.0 {
         format!("{u}")
     } else {
@@ -804,7 +808,7 @@ fn main() {
     line("this crate: `layer_norm_into` / `rms_norm_into`; naive ndarray: `mean_axis`, `var_axis`, broadcasting (one thread); row loop: two passes per row, sums in the element type (`f32` for `f16`, `bf16`), `par_chunks_mut`; candle-nn: the op on a CPU `Tensor` of the same values.");
     line("");
     line(&format!(
-        "Worst error in ulps against this crate's output (itself within 1 ulp of the exact value for f32, a few for f64), d = 64, 768, 4096, {ACCURACY_ROWS} rows each, gamma = 1 + u/10, beta = u/10, u uniform in [-1, 1). The largest errors fall on outputs near zero, where an error small next to the row's spread is many ulps of the output; NaN: the peer returned NaN for a finite row."
+        "Worst error in ulps against this crate's output (itself within 1 ulp of the exact value for f32, a few for f64), d = 64, 768, 4096, {ACCURACY_ROWS} rows each, gamma = 1 + u/10, beta = u/10, u uniform in [-1, 1). The largest errors fall on outputs near zero, where an error small next to the row's spread is many ulps of the output; non-finite: the peer returned NaN or an infinity where this crate's output is finite."
     ));
     line("");
     let f64_mark = candle.mark();
@@ -815,13 +819,16 @@ fn main() {
         ["", f64_mark],
     );
     line("");
-    line("The half types against this crate's output (itself the correctly rounded value or a neighbour): the same rows with an offset of 100, where both types still hold `u` to a few bits; the row loop sums in `f32`.");
+    line("The half types against this crate's output (itself the correctly rounded value or a neighbour): the same rows with an offset of 100, where `f16` still holds `u` to 5 bits and `bf16` to 2; the naive code computes in the half type, the row loop sums in `f32`.");
     line("");
     accuracy_table(
         [("f16", "100"), ("bf16", "100")],
         [accuracy::<f16>(0.0), accuracy::<f16>(100.0)],
         [accuracy::<bf16>(0.0), accuracy::<bf16>(100.0)],
-        ["", ""],
+        [
+            Candle::probe::<f16>().0.mark(),
+            Candle::probe::<bf16>().0.mark(),
+        ],
     );
     line("");
     line(&format!(
