@@ -81,7 +81,7 @@ pub(crate) fn eps<A: NormEps<Eps>, Eps>(eps: Eps) -> Result<f64, NormError> {
 }
 
 /// `eps`, if it is finite and non-negative.
-pub(crate) fn valid_eps(eps: f64) -> Result<f64, NormError> {
+fn valid_eps(eps: f64) -> Result<f64, NormError> {
     if eps.is_finite() && eps >= 0.0 {
         Ok(eps)
     } else {

@@ -14,6 +14,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use super::backward::{Inputs, Partials, RowCentring, RowScaling, Saved};
+use super::simd::transpose_elements;
 use super::{Affine, Io, Isa, Kernels, Params, RowStats};
 
 /// Elements per widened block: rows are widened this many at a time (at
@@ -281,11 +282,7 @@ macro_rules! half_kernels {
                 lines: usize,
                 length: usize,
             ) {
-                for i in 0..lines {
-                    for j in 0..length {
-                        dst[j * dst_lead + i] = src[i * src_lead + j];
-                    }
-                }
+                transpose_elements(src, src_lead, dst, dst_lead, 0..lines, 0..length);
             }
 
             fn layer_norm_train_block(
